@@ -1,0 +1,40 @@
+# The README's commands. `make run` installs and serves the appliance (embedded mode);
+# `make test` runs the whole suite; `make bench` measures the engine against raw llama.cpp.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: run install install-test test bench lint worker jobs beat web
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(VENV)/bin/activate
+	$(PIP) install -e .
+
+install-test: $(VENV)/bin/activate
+	$(PIP) install -e '.[test]'
+
+run: install
+	$(PY) manage.py serve
+
+test: install-test
+	$(PY) -m pytest
+
+bench: install
+	$(PY) bench/engine.py
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+
+# Split mode (REDIS_URL set): the processes docker-compose.yml runs, started by hand.
+web:
+	$(PY) manage.py serve
+worker:
+	$(VENV)/bin/celery -A appliance worker -Q inference -P threads -c 16 -n inference@%h
+jobs:
+	$(VENV)/bin/celery -A appliance worker -Q jobs -c 2 -n jobs@%h
+beat:
+	$(VENV)/bin/celery -A appliance beat

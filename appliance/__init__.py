@@ -1,0 +1,1 @@
+"""The Django project: settings, ASGI composition, URLs and the Celery app."""

@@ -1,0 +1,172 @@
+"""One settings module, read from the environment, with defaults that run on a laptop.
+
+Embedded mode (no REDIS_URL): SQLite, the in-memory channel layer, the engine in-process.
+Split mode (REDIS_URL set): Redis is the Celery broker and the channel layer; the engine lives
+in a separate inference worker.
+"""
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from appliance.env import ConfigError, envbool, envfloat, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DATA_DIR = Path(envstr("APPLIANCE_DATA_DIR", str(BASE_DIR / "data"))).resolve()
+MODELS_DIR = Path(envstr("MODELS_DIR", str(DATA_DIR / "models"))).resolve()
+for _directory in (DATA_DIR, MODELS_DIR):
+    try:
+        _directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create data directory {_directory}: {exc}") from exc
+
+
+def _secret_key() -> str:
+    """SECRET_KEY from the environment, else one generated once and kept in the data dir."""
+    from_env = envstr("SECRET_KEY")
+    if from_env:
+        return from_env
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = envbool("DEBUG", False)
+HOST = envstr("HOST", "127.0.0.1")
+PORT = envint("PORT", 8000, lo=1, hi=65535)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+ADMIN_PASSWORD = envstr("ADMIN_PASSWORD")
+
+REDIS_URL = envstr("REDIS_URL")
+SPLIT_MODE = bool(REDIS_URL)
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "inference",
+    "dashboard",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "appliance.urls"
+ASGI_APPLICATION = "appliance.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+try:
+    DATABASES = {
+        "default": dj_database_url.parse(
+            envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'appliance.sqlite3'}"),
+            conn_max_age=0,
+        )
+    }
+except ValueError as exc:
+    raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from exc
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several threads (engine events, jobs, web) write: wait for the lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chat"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True  # serve static/ as is: no collectstatic step on a home box
+
+# Uploads stream to disk in chunks; nothing large is held in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+
+if SPLIT_MODE:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Celery: only used in split mode. Long inference tasks are acknowledged late so that a request
+# whose worker died is redelivered; the visibility timeout sits above the longest task.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Generation goes to queue "inference" (the worker that owns the engine); everything else (model
+# import, hashing, downloads, retention) to "jobs". Task names are explicit so routes stay true.
+CELERY_TASK_DEFAULT_QUEUE = "jobs"
+CELERY_TASK_ROUTES = {"inference.generate": {"queue": "inference"}}
+CELERY_IMPORTS = ["inference.worker", "inference.tasks"]
+CELERY_BEAT_SCHEDULE = {
+    "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
+}
+
+# Engine and product settings.
+ITL_TARGET_MS = envint("ITL_TARGET_MS", 100, lo=10, hi=10_000)
+ENGINE_MAX_QUEUE = envint("ENGINE_MAX_QUEUE", 64, lo=1, hi=10_000)
+ENGINE_THREADS = envint("ENGINE_THREADS", 0, lo=0, hi=512)  # 0: the model's setting or all cores
+MAX_LOADED_MODELS = envint("MAX_LOADED_MODELS", 1, lo=1, hi=64)
+DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
+REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
+METRICS_PUBLIC = envbool("METRICS_PUBLIC", False)
+TELEMETRY_INTERVAL_S = envfloat("TELEMETRY_INTERVAL_S", 0.5, lo=0.05, hi=60)
+API_RATE_LIMIT_PER_MINUTE = envint("API_RATE_LIMIT_PER_MINUTE", 120, lo=1, hi=100_000)
+WORKER_NAME = envstr("WORKER_NAME", "")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    "loggers": {"daphne": {"level": "WARNING"}, "django.channels.server": {"level": "WARNING"}},
+}

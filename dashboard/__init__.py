@@ -1,0 +1,1 @@
+"""Chat and dashboard pages, WebSocket consumers, the LAN API (OpenAI, Ollama, /metrics), auth."""

@@ -1,0 +1,79 @@
+"""Conversations and their messages, and the LAN API's per-app keys."""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+class Conversation(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    title = models.CharField(max_length=200, default="New chat")
+    model_name = models.CharField(max_length=100, blank=True)
+    system_prompt = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self) -> str:
+        return self.title
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    class State(models.TextChoices):
+        COMPLETE = "complete"
+        STREAMING = "streaming"
+        STOPPED = "stopped"
+        FAILED = "failed"
+
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.TextField(blank=True)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.COMPLETE)
+    error = models.TextField(blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    figures = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+
+class ApiKey(models.Model):
+    """A home app's key: shown once at creation, stored only as a SHA-256 hash."""
+
+    class Scope(models.TextChoices):
+        CHAT = "chat", "chat: generate and list models"
+        ADMIN = "admin", "admin: also delete and manage models"
+
+    name = models.CharField(max_length=100, unique=True)
+    prefix = models.CharField(max_length=12)  # shown in lists so keys can be told apart
+    key_hash = models.CharField(max_length=64, unique=True)
+    scope = models.CharField(max_length=5, choices=Scope.choices, default=Scope.CHAT)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @classmethod
+    def create(cls, name: str, scope: str = Scope.CHAT) -> tuple["ApiKey", str]:
+        """Create a key; returns the record and the raw key, which is never stored."""
+        raw = "hla-" + secrets.token_urlsafe(32)
+        key = cls.objects.create(name=name, prefix=raw[:10], key_hash=cls.hash(raw), scope=scope)
+        return key, raw

@@ -1,0 +1,1 @@
+"""Models, the engine (inference.engine, no Django), the worker, jobs, GGUF reading, telemetry."""

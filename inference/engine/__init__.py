@@ -1,0 +1,26 @@
+"""The inference engine: phase-aware continuous batching on llama.cpp. Imports no Django.
+
+Public interface:
+    Engine(runner, itl_target=0.1, max_queue=64).start()
+    engine.submit(prompt, SamplingParams(...), cache_key=...) -> RequestHandle
+    handle.events() / handle.aevents() -> TokenEvent, PhaseEvent, DoneEvent, ErrorEvent
+    engine.cancel(request_id); engine.snapshot(); engine.shutdown()
+Only runner.py imports llama_cpp; load it with `inference.engine.runner.LlamaRunner`.
+"""
+
+from inference.engine.engine import Engine, EngineStopped, PromptTooLong, QueueFull
+from inference.engine.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    PhaseEvent,
+    RequestHandle,
+    TokenEvent,
+    event_to_dict,
+)
+from inference.engine.params import InvalidParams, SamplingParams
+
+__all__ = [
+    "DoneEvent", "Engine", "EngineStopped", "ErrorEvent", "Event", "InvalidParams", "PhaseEvent",
+    "PromptTooLong", "QueueFull", "RequestHandle", "SamplingParams", "TokenEvent", "event_to_dict",
+]  # fmt: skip

@@ -1,0 +1,73 @@
+"""The per-step token budget, derived from an ITL target and the measured cost of a step.
+
+A step's wall time is modelled as `overhead + per_token * tokens` and fitted online by least
+squares with exponential forgetting, so the model follows the machine (and the growing attention
+cost of a long prompt) within a few steps. While anyone is decoding, a step may only take as long
+as the ITL target allows; with nobody decoding, prefill runs at full batch size.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class StepCostModel:
+    """Online weighted least squares of step time against token count."""
+
+    forgetting: float = 0.9  # weight of the past per observation: ~10 steps of memory
+    overhead: float = 0.010  # seconds; priors until measurements arrive
+    per_token: float = 0.005
+    _w: float = 0.0
+    _sn: float = 0.0
+    _st: float = 0.0
+    _snn: float = 0.0
+    _snt: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        f = self.forgetting
+        self._w = self._w * f + 1.0
+        self._sn = self._sn * f + tokens
+        self._st = self._st * f + seconds
+        self._snn = self._snn * f + tokens * tokens
+        self._snt = self._snt * f + tokens * seconds
+        mean_n = self._sn / self._w
+        mean_t = self._st / self._w
+        var_n = self._snn / self._w - mean_n * mean_n
+        if var_n > 1.0:
+            slope = (self._snt / self._w - mean_n * mean_t) / var_n
+            if slope > 0:
+                self.per_token = slope
+                self.overhead = max(0.0, mean_t - slope * mean_n)
+                return
+        # Too little spread in batch sizes to separate the two terms: keep the overhead and
+        # attribute the rest of the time to the tokens.
+        self.per_token = max(1e-6, (mean_t - self.overhead) / mean_n) if mean_n else self.per_token
+
+    def predict(self, tokens: int) -> float:
+        return self.overhead + self.per_token * tokens
+
+
+@dataclass(slots=True)
+class TokenBudget:
+    itl_target: float  # seconds
+    max_batch: int  # the context's n_batch: the most tokens one llama_decode call takes
+    min_chunk: int = 8  # a prefill always advances by at least this much, so nothing starves
+    safety: float = 0.8  # headroom for noise and the work between steps
+    chunked: bool = True  # False: whole prompts in one step (the baseline it is measured against)
+    cost: StepCostModel | None = None
+
+    def __post_init__(self) -> None:
+        if self.cost is None:
+            self.cost = StepCostModel()
+
+    def tokens(self, decoding: int) -> int:
+        """How many tokens the next step may carry, given how many sequences are decoding."""
+        if decoding == 0 or not self.chunked:
+            return self.max_batch
+        allowed = (self.itl_target * self.safety - self.cost.overhead) / self.cost.per_token
+        floor = decoding + self.min_chunk
+        return min(self.max_batch, max(floor, int(allowed)))  # a step never exceeds n_batch
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.cost.observe(tokens, seconds)

@@ -1,0 +1,391 @@
+"""The engine loop: one thread owns the runner; `step() = schedule → run → update`.
+
+Submission and cancellation arrive as messages on an inbox; events leave through each request's
+handle. A failure in one request fails that request, never the loop.
+
+Interface (what the web app, the worker and the LAN API build on):
+    engine = Engine(runner, itl_target=0.1).start()
+    handle = engine.submit("prompt text" or [token ids], SamplingParams(...), cache_key="conv-1")
+    for event in handle.events(): ...        # or: async for event in handle.aevents()
+    engine.cancel(handle.id)                 # thread-safe, at any point
+    engine.snapshot()                        # telemetry, readable from any thread
+    engine.shutdown()
+"""
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from typing import Protocol
+
+from inference.engine.budget import TokenBudget
+from inference.engine.events import DoneEvent, ErrorEvent, PhaseEvent, RequestHandle, TokenEvent
+from inference.engine.params import SamplingParams
+from inference.engine.prefix_cache import KvTrim
+from inference.engine.request import Request, Status
+from inference.engine.scheduler import Chunk, QueueFull, Scheduler
+from inference.engine.telemetry import Telemetry
+from inference.engine.textstream import TextStream
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
+
+
+class PromptTooLong(ValueError):
+    """The prompt does not fit the context: it can never run, so it is refused at submit."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine is shutting down or has stopped."""
+
+
+class Runner(Protocol):
+    """What the engine needs from a model runner (see runner.py for the llama.cpp one)."""
+
+    n_ctx: int  # KV cells in the context, shared by all sequences
+    n_slots: int  # sequence ids
+    ctx_per_seq: int  # the most tokens one sequence may hold
+    n_batch: int  # the most tokens one execute() call may carry
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def piece(self, token: int) -> bytes: ...
+    def is_eog(self, token: int) -> bool: ...
+    def prepare(self, request: Request) -> None: ...  # set up the request's sampler
+    def release(self, request: Request) -> None: ...
+    def trim(self, trims: list[KvTrim]) -> None: ...
+    def execute(self, chunks: list[Chunk]) -> list[int]: ...  # a token per sampling chunk
+    def info(self) -> dict: ...
+    def close(self) -> None: ...
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        itl_target: float = 0.1,
+        max_queue: int = 64,
+        chunked_prefill: bool = True,
+        prefix_cache: bool = True,
+        telemetry_window: float = 10.0,
+        name: str = "",
+    ):
+        self.runner = runner
+        self.name = name
+        self.itl_target = itl_target
+        self.budget = TokenBudget(itl_target, runner.n_batch, chunked=chunked_prefill)
+        self.scheduler = Scheduler(
+            n_ctx=runner.n_ctx,
+            n_slots=runner.n_slots,
+            ctx_per_seq=runner.ctx_per_seq,
+            budget=self.budget,
+            max_queue=max_queue,
+            prefix_cache=prefix_cache,
+        )
+        self.telemetry = Telemetry(window_s=telemetry_window)
+        self.max_queue = max_queue
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._streams: dict[str, TextStream] = {}
+        self._pending = 0  # submitted, not yet admitted: checked at submit for a fast "busy"
+        self._pending_lock = threading.Lock()
+        self._counts = self.scheduler.counts()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._exited = False  # the loop has ended (set under _pending_lock)
+        self._close_on_exit = False  # shutdown timed out: the loop closes the runner as it ends
+        self.started_at = time.perf_counter()
+        self.last_active = self.started_at
+
+    # --- the caller's side (any thread) ------------------------------------------------------
+
+    def start(self) -> "Engine":
+        self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        cache_key: str | None = None,
+        accepted_at: float | None = None,
+        load_time: float = 0.0,
+        add_special: bool = True,
+    ) -> RequestHandle:
+        """Queue a request. Raises PromptTooLong, QueueFull or EngineStopped at once."""
+        accepted = time.perf_counter() if accepted_at is None else accepted_at
+        if self._stopping.is_set() or self._thread is None:
+            raise EngineStopped("the engine is not running")
+        ids = self.runner.tokenize(prompt, add_special) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise PromptTooLong("the prompt is empty")
+        limit = self.runner.ctx_per_seq
+        if len(ids) >= limit:
+            raise PromptTooLong(
+                f"the prompt is {len(ids)} tokens but the context holds {limit} tokens per "
+                f"sequence (prompt and answer together)"
+            )
+        request = Request(
+            id=request_id or uuid.uuid4().hex,
+            prompt_ids=ids,
+            params=params or SamplingParams(),
+            accepted_at=accepted,
+            cache_key=cache_key,
+            load_time=load_time,
+        )
+        handle = RequestHandle(request.id, self.cancel)
+        # Checked and queued under the lock the loop takes when it stops, so a request is
+        # either refused here or seen by the loop's last drain: never silently left behind.
+        with self._pending_lock:
+            if self._stopping.is_set():
+                raise EngineStopped("the engine is not running")
+            if self._pending >= self.max_queue:
+                self.telemetry.record_outcome("rejected")
+                raise QueueFull(f"the engine is busy: {self._pending} requests are waiting")
+            self._pending += 1
+            self._inbox.put(("submit", request, handle))
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id))
+
+    def snapshot(self) -> dict:
+        now = time.perf_counter()
+        counts = self._counts
+        return {
+            "name": self.name,
+            "model": self.runner.info(),
+            "itl_target": self.itl_target,
+            "chunked_prefill": self.budget.chunked,
+            "step_cost": {"overhead": self.budget.cost.overhead,
+                          "per_token": self.budget.cost.per_token},  # fmt: skip
+            "token_budget": self.budget.tokens(counts["decoding"]),
+            "queue_depth": counts["waiting"],
+            "active_sequences": counts["prefilling"] + counts["decoding"],
+            "prefilling": counts["prefilling"],
+            "decoding": counts["decoding"],
+            "slots": self.runner.n_slots,
+            "kv_used": counts["kv_used"],
+            "kv_reserved": counts["kv_reserved"],
+            "kv_size": counts["kv_size"],
+            "kv_fill": counts["kv_used"] / counts["kv_size"] if counts["kv_size"] else 0.0,
+            "idle_s": now - self.last_active if not counts["prefilling"] + counts["decoding"]
+            else 0.0,
+            **self.telemetry.snapshot(now),
+        }
+
+    @property
+    def busy(self) -> bool:
+        counts = self._counts
+        return bool(self._pending or counts["prefilling"] or counts["decoding"])
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the loop; requests still running end with an error event."""
+        self._stopping.set()
+        self._inbox.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout)
+        with self._pending_lock:
+            # A step still running past the timeout: closing now would free the model under
+            # llama_decode, so the loop closes the runner itself when that step ends.
+            self._close_on_exit = self._thread is not None and not self._exited
+            if self._close_on_exit:
+                log.warning("engine %s is still in a step; it closes when the step ends", self.name)
+                return
+        self.runner.close()
+
+    # --- the engine thread -------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                self._drain_inbox(block=not self.scheduler.has_work)
+                if self.scheduler.has_work and not self._stopping.is_set():
+                    self.step()
+        except Exception:  # a bug in the engine itself: fail everyone loudly rather than hang
+            log.exception("engine loop crashed")
+        finally:
+            with self._pending_lock:  # after this, submit() refuses (see there)
+                self._stopping.set()
+            for message in self._drain_remaining():
+                if message[0] == "submit":  # submitted but never seen by the loop
+                    _, request, handle = message
+                    self._handles[request.id] = handle
+                    self._fail(request, "the engine stopped")
+            for request in list(self.scheduler.running) + list(self.scheduler.waiting):
+                try:  # out of the scheduler too, or the engine would read as busy forever
+                    self.scheduler.cancel(request.id)
+                except Exception:  # noqa: BLE001 - the scheduler may be what broke
+                    log.exception("dropping %s", request.id)
+                self._fail(request, "the engine stopped")
+            self._counts = self.scheduler.counts()
+            with self._pending_lock:
+                self._exited = True
+                close = self._close_on_exit
+            if close:
+                self.runner.close()
+
+    def _drain_remaining(self) -> list[tuple]:
+        messages = []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            message = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_message(message)
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+        self._counts = self.scheduler.counts()
+
+    def _handle_message(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "submit":
+            _, request, handle = message
+            self._handles[request.id] = handle
+            self._streams[request.id] = TextStream(request.params.stop)
+            try:
+                self.runner.prepare(request)
+                self.scheduler.add(request)
+            except Exception as exc:  # noqa: BLE001 - reported to the request, loop goes on
+                self._fail(request, str(exc))
+                return
+            handle.deliver(PhaseEvent(request.id, "waiting"))
+        elif kind == "cancel":
+            request = self.scheduler.cancel(message[1])
+            if request is not None:
+                self._end(request, Status.CANCELLED, "cancelled")
+
+    def step(self) -> None:
+        """One iteration: schedule → run → update."""
+        now = time.perf_counter()
+        plan = self.scheduler.schedule(now)
+        for request in plan.admitted:
+            self._admitted(request)
+        self.runner.trim(plan.kv_trims)
+        if not plan.chunks:
+            self._counts = self.scheduler.counts()
+            return
+        started = time.perf_counter()
+        try:
+            sampled = self.runner.execute(plan.chunks)
+        except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests only
+            log.exception("llama_decode failed")
+            for chunk in plan.chunks:
+                if not chunk.request.status.done:
+                    self.scheduler.finish(chunk.request, keep_kv=False)
+                    self._fail(chunk.request, f"the model failed to run this step: {exc}")
+            self._counts = self.scheduler.counts()
+            return
+        ended = time.perf_counter()
+        self.budget.observe(plan.n_tokens, ended - started)
+        self._update(plan.chunks, sampled, started, ended)
+        self.last_active = ended
+        self._counts = self.scheduler.counts()
+
+    def _admitted(self, request: Request) -> None:
+        with self._pending_lock:
+            self._pending -= 1
+        self._deliver(request, PhaseEvent(request.id, "prefilling"))
+
+    def _update(self, chunks: list[Chunk], sampled: list[int], started: float, ended: float):
+        tokens = iter(sampled)
+        prompt_tokens = output_tokens = 0
+        for chunk in chunks:
+            request = chunk.request
+            request.num_computed += len(chunk.tokens)
+            if request.status == Status.PREFILLING:
+                prompt_tokens += len(chunk.tokens)
+                request.prefill_chunks.append((started, ended, len(chunk.tokens)))
+            if chunk.sample:
+                output_tokens += 1
+                self._accept_token(request, next(tokens))
+        self.telemetry.record_step(
+            ended, prompt_tokens, output_tokens, len(chunks), ended - started
+        )
+
+    def _accept_token(self, request: Request, token: int) -> None:
+        if request.status == Status.PREFILLING:
+            request.status = Status.DECODING
+            self._deliver(request, PhaseEvent(request.id, "decoding"))
+        if self.runner.is_eog(token):
+            self._finish(request, "stop")
+            return
+        request.output_ids.append(token)
+        stream = self._streams[request.id]
+        text = stream.feed(self.runner.piece(token))
+        sent = time.perf_counter()
+        times = request.token_times
+        if times:
+            self.telemetry.record_token_gap(sent - times[-1])
+        times.append(sent)
+        if len(times) == 1:
+            self.telemetry.record_first_token(
+                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0
+            )
+        self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1))
+        if stream.stopped:
+            self._finish(request, "stop")
+        elif len(request.output_ids) >= request.max_new_tokens:
+            self._finish(request, "length")
+
+    def _finish(self, request: Request, reason: str) -> None:
+        self.scheduler.finish(request, keep_kv=True)
+        self._end(request, Status.FINISHED, reason)
+
+    def _end(self, request: Request, status: Status, reason: str) -> None:
+        stream = self._streams.pop(request.id, None)
+        tail = stream.flush() if stream else ""
+        request.text = (stream.text if stream else "")
+        request.status = status
+        request.finish_reason = reason
+        request.finished_at = time.perf_counter()
+        if request.admitted_at is None:
+            with self._pending_lock:
+                self._pending -= 1
+        self.runner.release(request)
+        figures = request.figures()
+        self.telemetry.record_outcome(reason, figures["total_time"], request.cached_tokens)
+        handle = self._handles.pop(request.id, None)
+        if handle is not None:
+            if tail:  # held-back text that turned out not to be a stop string
+                handle.deliver(TokenEvent(request.id, tail, -1, len(request.output_ids) - 1))
+            handle.deliver(DoneEvent(request.id, reason, request.text, figures))
+
+    def _fail(self, request: Request, message: str) -> None:
+        if request.status.done:
+            return
+        self._streams.pop(request.id, None)
+        request.status = Status.FAILED
+        request.error = message
+        request.finish_reason = "error"
+        request.finished_at = time.perf_counter()
+        if request.admitted_at is None:
+            with self._pending_lock:
+                self._pending -= 1
+        try:
+            self.runner.release(request)
+        except Exception:  # noqa: BLE001
+            log.exception("releasing a failed request")
+        self.telemetry.record_outcome("failed")
+        handle = self._handles.pop(request.id, None)
+        if handle is not None:
+            handle.deliver(ErrorEvent(request.id, message, request.figures()))
+
+    def _deliver(self, request: Request, event) -> None:
+        handle = self._handles.get(request.id)
+        if handle is not None:
+            handle.deliver(event)

@@ -1,0 +1,120 @@
+"""What leaves the engine: events, delivered to the submitter through a handle.
+
+The engine thread only ever calls `RequestHandle.deliver`; a consumer reads with `events()` from
+a thread or `aevents()` from an asyncio loop. Both end after the request's last event (done or
+error).
+"""
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+
+@dataclass(slots=True, frozen=True)
+class TokenEvent:
+    request_id: str
+    text: str  # may be "" while bytes of a character or a possible stop string are held back
+    token_id: int
+    index: int
+    type: Literal["token"] = "token"
+
+
+@dataclass(slots=True, frozen=True)
+class PhaseEvent:
+    request_id: str
+    phase: Literal["waiting", "prefilling", "decoding"]
+    type: Literal["phase"] = "phase"
+
+
+@dataclass(slots=True, frozen=True)
+class DoneEvent:
+    request_id: str
+    finish_reason: Literal["stop", "length", "cancelled"]
+    text: str
+    figures: dict
+    type: Literal["done"] = "done"
+
+
+@dataclass(slots=True, frozen=True)
+class ErrorEvent:
+    request_id: str
+    message: str
+    figures: dict
+    type: Literal["error"] = "error"
+
+
+Event = TokenEvent | PhaseEvent | DoneEvent | ErrorEvent
+
+
+def event_to_dict(event: Event) -> dict:
+    return asdict(event)
+
+
+def is_final(event: Event) -> bool:
+    return event.type in ("done", "error")
+
+
+class RequestHandle:
+    """The submitter's side of one request: its events, and a way to cancel it."""
+
+    def __init__(self, request_id: str, cancel: Callable[[str], None]):
+        self.id = request_id
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._async_queue: asyncio.Queue[Event] | None = None
+        self.final: Event | None = None
+
+    def deliver(self, event: Event) -> None:
+        """Called by the engine thread for every event of this request."""
+        with self._lock:
+            if is_final(event):
+                self.final = event
+            if self._loop is None:
+                self._queue.put(event)
+                return
+            loop, target = self._loop, self._async_queue
+        try:
+            loop.call_soon_threadsafe(target.put_nowait, event)
+        except RuntimeError:
+            pass  # the consumer's loop has closed: nobody is listening any more
+
+    def cancel(self) -> None:
+        self._cancel(self.id)
+
+    def events(self, timeout: float | None = None) -> Iterator[Event]:
+        """Blocking iterator for threads; raises queue.Empty if `timeout` passes between events."""
+        while True:
+            event = self._queue.get(timeout=timeout)
+            yield event
+            if is_final(event):
+                return
+
+    async def aevents(self) -> AsyncIterator[Event]:
+        """Async iterator; binds this handle to the running loop on first use."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+                self._async_queue = asyncio.Queue()
+                while True:  # move anything delivered before binding
+                    try:
+                        self._async_queue.put_nowait(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+            target = self._async_queue
+        while True:
+            event = await target.get()
+            yield event
+            if is_final(event):
+                return
+
+    def result(self, timeout: float | None = None) -> Event:
+        """Wait for the final event (done or error), dropping the stream."""
+        final = None
+        for final in self.events(timeout=timeout):  # noqa: B007 - the last event is the result
+            pass
+        return final

@@ -1,0 +1,99 @@
+"""Sampling parameters: one validated, immutable dataclass.
+
+Every number is bounds-checked here, before anything reaches llama.cpp, so a negative or absurd
+value becomes a clear error naming the field (llama.cpp's own server once corrupted memory on a
+negative parameter).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+
+class InvalidParams(ValueError):
+    """A sampling parameter is out of range; `field` names it for API error messages."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+MAX_TOKENS_LIMIT = 1 << 20
+SEED_LIMIT = (1 << 32) - 1
+
+# (low, high) inclusive for every numeric field.
+_FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
+    "temperature": (0.0, 5.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "repeat_penalty": (0.0, 5.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "top_k": (0, 100_000),
+    "repeat_last_n": (-1, 1 << 16),
+    "max_tokens": (1, MAX_TOKENS_LIMIT),
+}
+
+
+@dataclass(slots=True, frozen=True)
+class SamplingParams:
+    """How to pick each output token. temperature 0 means greedy (deterministic)."""
+
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1.0 disables
+    min_p: float = 0.05  # 0.0 disables
+    repeat_penalty: float = 1.0  # 1.0 disables
+    repeat_last_n: int = 64  # -1: the whole context
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # None: a fresh random seed per request
+    max_tokens: int = 512
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for name, (lo, hi) in _FLOAT_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidParams(name, f"must be a number, got {value!r}")
+            if not math.isfinite(value) or not lo <= value <= hi:
+                raise InvalidParams(name, f"must be between {lo} and {hi}, got {value}")
+        for name, (lo, hi) in _INT_BOUNDS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidParams(name, f"must be an integer, got {value!r}")
+            if not lo <= value <= hi:
+                raise InvalidParams(name, f"must be between {lo} and {hi}, got {value}")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+                raise InvalidParams("seed", f"must be an integer, got {self.seed!r}")
+            if not 0 <= self.seed <= SEED_LIMIT:
+                raise InvalidParams("seed", f"must be between 0 and {SEED_LIMIT}, got {self.seed}")
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, tuple | list):
+            raise InvalidParams("stop", "must be a string or a list of strings")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise InvalidParams("stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(stop)}")
+        for item in stop:
+            if not isinstance(item, str) or not 1 <= len(item) <= MAX_STOP_LENGTH:
+                raise InvalidParams(
+                    "stop", f"each stop string must be 1 to {MAX_STOP_LENGTH} characters"
+                )
+        object.__setattr__(self, "stop", tuple(stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repeat_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )

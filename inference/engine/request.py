@@ -1,0 +1,147 @@
+"""A request's state, token ids and the timestamps every figure is computed from.
+
+Times are `time.perf_counter()` seconds in the engine's process. The figure definitions are
+DESIGN.md's: queue time, load time, prefill time, prompt tok/s, TTFT, ITL, decode tok/s.
+"""
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from inference.engine.params import SamplingParams
+from inference.engine.stats import distribution
+
+
+class Status(IntEnum):
+    """Ordered: a request only moves forward through these."""
+
+    WAITING = 0
+    PREFILLING = 1
+    DECODING = 2
+    FINISHED = 3
+    CANCELLED = 4
+    FAILED = 5
+
+    @property
+    def done(self) -> bool:
+        return self >= Status.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    accepted_at: float
+    cache_key: str | None = None  # a conversation id: its KV prefix is kept for its next turn
+    load_time: float = 0.0  # model load charged to this request by whoever loaded it
+    max_new_tokens: int = 0  # max_tokens clamped to what the context can hold; set on admission
+
+    status: Status = Status.WAITING
+    seq_id: int | None = None
+    cached_tokens: int = 0
+    # Tokens whose KV is in the context: the prompt (cached part included), then fed-back outputs.
+    num_computed: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+
+    admitted_at: float | None = None
+    prefill_started_at: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each output token was sent
+    finished_at: float | None = None
+    prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def remaining_prompt(self) -> int:
+        return max(0, self.prompt_len - self.num_computed)
+
+    @property
+    def kv_tokens(self) -> list[int]:
+        """The token ids whose KV this sequence holds (the last sampled token is not fed yet)."""
+        return (self.prompt_ids + self.output_ids)[: self.num_computed]
+
+    # --- figures -------------------------------------------------------------------------
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.admitted_at is None:
+            return None
+        return max(0.0, self.admitted_at - self.accepted_at - self.load_time)
+
+    @property
+    def prefill_time(self) -> float | None:
+        if self.prefill_started_at is None or not self.token_times:
+            return None
+        return self.token_times[0] - self.prefill_started_at
+
+    @property
+    def prompt_tps(self) -> float | None:
+        prefill = self.prefill_time
+        if not prefill:
+            return None
+        return (self.prompt_len - self.cached_tokens) / prefill
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.accepted_at if self.token_times else None
+
+    @property
+    def itls(self) -> list[float]:
+        times = self.token_times
+        return [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
+
+    @property
+    def decode_tps(self) -> float | None:
+        times = self.token_times
+        if len(times) < 2 or times[-1] <= times[0]:
+            return None
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def figures(self) -> dict:
+        """Every per-request figure, in seconds and tokens, plus a phase timeline.
+
+        The timeline's offsets are seconds since the request was accepted, so the dashboard can
+        draw queue → load → prefill chunks → decode and show where a prefill overlapped a stream.
+        """
+        start = self.accepted_at
+        end = self.finished_at or (self.token_times[-1] if self.token_times else start)
+        timeline: list[dict] = []
+        if self.load_time:
+            timeline.append({"phase": "load", "start": 0.0, "end": self.load_time})
+        if self.admitted_at is not None:
+            timeline.append(
+                {"phase": "queue", "start": self.load_time, "end": self.admitted_at - start}
+            )
+        for chunk_start, chunk_end, tokens in self.prefill_chunks:
+            timeline.append(
+                {
+                    "phase": "prefill",
+                    "start": chunk_start - start,
+                    "end": chunk_end - start,
+                    "tokens": tokens,
+                }
+            )
+        if self.token_times:
+            timeline.append(
+                {"phase": "decode", "start": self.token_times[0] - start, "end": end - start}
+            )
+        return {
+            "queue_time": self.queue_time,
+            "load_time": self.load_time,
+            "prompt_tokens": self.prompt_len,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": len(self.output_ids),
+            "prefill_time": self.prefill_time,
+            "prompt_tps": self.prompt_tps,
+            "ttft": self.ttft,
+            "itl": distribution(self.itls),
+            "decode_tps": self.decode_tps,
+            "total_time": end - start,
+            "finish_reason": self.finish_reason,
+            "timeline": timeline,
+        }

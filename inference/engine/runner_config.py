@@ -1,0 +1,34 @@
+"""How to load a model into a runner: validated settings, importable without llama_cpp."""
+
+from dataclasses import dataclass
+
+KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids of the KV cache types we offer
+
+
+@dataclass(slots=True, frozen=True)
+class RunnerConfig:
+    model_path: str
+    ctx_per_seq: int = 2048  # the most tokens (prompt + answer) one sequence may hold
+    parallel: int = 4  # sequences that can run at once with a full context each
+    cache_slots: int = 4  # extra sequence ids that keep finished turns for the prefix cache
+    n_batch: int = 512
+    n_ubatch: int = 512
+    n_threads: int = 0  # 0: all cores
+    n_gpu_layers: int = -1  # -1: every layer the GPU build can take; 0: CPU only
+    kv_type: str = "f16"
+    flash_attn: bool = False
+
+    def __post_init__(self) -> None:
+        checks = {
+            "ctx_per_seq": (16, 1 << 20), "parallel": (1, 64), "cache_slots": (0, 64),
+            "n_batch": (1, 1 << 16), "n_ubatch": (1, 1 << 16), "n_threads": (0, 512),
+            "n_gpu_layers": (-1, 10_000),
+        }  # fmt: skip
+        for name, (lo, hi) in checks.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+                raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
+        if self.kv_type not in KV_TYPES:
+            raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
+        if self.parallel + self.cache_slots > 256:
+            raise ValueError("parallel + cache_slots must not exceed 256 sequences")

@@ -1,0 +1,103 @@
+"""Engine telemetry: sliding-window throughput, latency distributions and cumulative histograms.
+
+The engine thread records after each step (a few appends under a lock); any thread may take a
+`snapshot()` at any time. Cumulative counters and bucketed histograms let /metrics export
+Prometheus series from snapshots alone, also when the engine runs in another process.
+"""
+
+import bisect
+import threading
+from collections import deque
+
+from inference.engine.stats import distribution
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0, float("inf"),
+)  # fmt: skip
+HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "e2e")
+
+
+class _Histogram:
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(LATENCY_BUCKETS)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS, value)] += 1
+        self.total += value
+        self.count += 1
+
+    def export(self) -> dict:
+        cumulative, running = [], 0
+        for c in self.counts:
+            running += c
+            cumulative.append(running)
+        return {"buckets": list(LATENCY_BUCKETS), "cumulative": cumulative,
+                "sum": self.total, "count": self.count}  # fmt: skip
+
+
+class Telemetry:
+    def __init__(self, window_s: float = 10.0, latency_samples: int = 1000):
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        # (time, prompt tokens, output tokens, sequences in the batch, step seconds)
+        self._steps: deque[tuple[float, int, int, int, float]] = deque()
+        self._ttft: deque[float] = deque(maxlen=latency_samples)
+        self._itl: deque[float] = deque(maxlen=latency_samples * 10)
+        self._hist = {name: _Histogram() for name in HISTOGRAMS}
+        self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
+        self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
+
+    def record_step(self, now: float, prompt: int, output: int, seqs: int, seconds: float) -> None:
+        with self._lock:
+            self._steps.append((now, prompt, output, seqs, seconds))
+            self.totals["prompt_tokens"] += prompt
+            self.totals["output_tokens"] += output
+            horizon = now - self.window_s
+            while self._steps and self._steps[0][0] < horizon:
+                self._steps.popleft()
+
+    def record_token_gap(self, seconds: float) -> None:
+        with self._lock:
+            self._itl.append(seconds)
+            self._hist["itl"].observe(seconds)
+
+    def record_first_token(self, ttft: float, queue_time: float, prefill_time: float) -> None:
+        with self._lock:
+            self._ttft.append(ttft)
+            self._hist["ttft"].observe(ttft)
+            self._hist["queue_time"].observe(queue_time)
+            self._hist["prefill_time"].observe(prefill_time)
+
+    def record_outcome(self, outcome: str, e2e: float | None = None, cached: int = 0) -> None:
+        with self._lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+            self.totals["cached_tokens"] += cached
+            if e2e is not None:
+                self._hist["e2e"].observe(e2e)
+
+    def snapshot(self, now: float) -> dict:
+        with self._lock:
+            steps = [s for s in self._steps if s[0] >= now - self.window_s]
+            ttft = list(self._ttft)
+            itl = list(self._itl)
+            histograms = {name: h.export() for name, h in self._hist.items()}
+            totals = dict(self.totals)
+            outcomes = dict(self.outcomes)
+        busy = sum(s[4] for s in steps)
+        return {
+            "window_s": self.window_s,
+            "prompt_tps": sum(s[1] for s in steps) / self.window_s,
+            "output_tps": sum(s[2] for s in steps) / self.window_s,
+            "busy_fraction": min(1.0, busy / self.window_s),
+            "mean_batch_sequences": (sum(s[3] for s in steps) / len(steps)) if steps else 0.0,
+            "ttft": distribution(ttft),
+            "itl": distribution(itl),
+            "histograms": histograms,
+            "totals": totals,
+            "outcomes": outcomes,
+        }

@@ -1,0 +1,145 @@
+"""The model registry, background jobs, and the stored figures of every request."""
+
+from django.db import models
+
+
+class LLMModel(models.Model):
+    """A GGUF file the appliance can load: what the file says, its hash, and its settings."""
+
+    class Source(models.TextChoices):
+        SCAN = "scan", "found in the models directory"
+        UPLOAD = "upload", "uploaded"
+        URL = "url", "downloaded"
+        PACKAGE = "package", "from an installed package"
+
+    class KvType(models.TextChoices):
+        F16 = "f16"
+        Q8_0 = "q8_0"
+        Q4_0 = "q4_0"
+
+    name = models.SlugField(max_length=100, unique=True)
+    file_path = models.CharField(max_length=1000, unique=True)
+    size_bytes = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    source = models.CharField(max_length=10, choices=Source.choices, default=Source.SCAN)
+
+    # What the GGUF header says (read with the validating reader).
+    architecture = models.CharField(max_length=64, blank=True)
+    parameter_count = models.BigIntegerField(null=True, blank=True)
+    quantization = models.CharField(max_length=32, blank=True)
+    context_length = models.IntegerField(null=True, blank=True)
+    layer_count = models.IntegerField(null=True, blank=True)
+    embedding_length = models.IntegerField(null=True, blank=True)
+    head_count = models.IntegerField(null=True, blank=True)
+    head_count_kv = models.IntegerField(null=True, blank=True)
+    chat_template = models.TextField(blank=True)
+    tokenizer = models.CharField(max_length=64, blank=True)
+    license = models.CharField(max_length=200, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+
+    # Settings (validated by the settings form; the engine receives them at load).
+    n_ctx = models.PositiveIntegerField(default=2048, help_text="context tokens per sequence")
+    n_gpu_layers = models.IntegerField(default=-1, help_text="-1: all layers the GPU takes")
+    n_threads = models.PositiveIntegerField(default=0, help_text="0: all cores")
+    n_batch = models.PositiveIntegerField(default=512)
+    n_ubatch = models.PositiveIntegerField(default=512)
+    kv_type = models.CharField(max_length=8, choices=KvType.choices, default=KvType.F16)
+    flash_attn = models.BooleanField(default=False)
+    parallel = models.PositiveIntegerField(default=4, help_text="sequences decoded together")
+    system_prompt = models.TextField(blank=True)
+    default_params = models.JSONField(default=dict, blank=True)
+    chat_template_override = models.TextField(blank=True)
+    keep_alive = models.CharField(max_length=20, blank=True, help_text="e.g. 5m, 1h, 0, -1")
+
+    is_default = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    # Load measurements: the estimate before, what the load actually took after.
+    estimated_bytes = models.BigIntegerField(null=True, blank=True)
+    measured_bytes = models.BigIntegerField(null=True, blank=True)
+    last_load_seconds = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def effective_chat_template(self) -> str:
+        return self.chat_template_override or self.chat_template
+
+
+class Job(models.Model):
+    """A background job (hashing, import, download), with progress for the dashboard."""
+
+    class Kind(models.TextChoices):
+        IMPORT = "import"
+        HASH = "hash"
+        DOWNLOAD = "download"
+        UPLOAD = "upload"
+        BENCHMARK = "benchmark"
+
+    class State(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        DONE = "done"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=12, choices=Kind.choices)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)
+    progress = models.FloatField(default=0.0)  # 0..1
+    message = models.TextField(blank=True)
+    source = models.CharField(max_length=2000, blank=True)
+    model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+
+class RequestRecord(models.Model):
+    """The figures of one finished request, kept for history (pruned after the retention)."""
+
+    request_id = models.CharField(max_length=64, db_index=True)
+    model_name = models.CharField(max_length=100)
+    source = models.CharField(max_length=16)  # chat, openai, ollama
+    client = models.CharField(max_length=100, blank=True)  # user name or API key name
+    outcome = models.CharField(max_length=16)  # stop, length, cancelled, error
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    prompt_tokens = models.IntegerField(default=0)
+    cached_tokens = models.IntegerField(default=0)
+    output_tokens = models.IntegerField(default=0)
+    queue_time = models.FloatField(null=True)
+    load_time = models.FloatField(null=True)
+    prefill_time = models.FloatField(null=True)
+    prompt_tps = models.FloatField(null=True)
+    ttft = models.FloatField(null=True)
+    decode_tps = models.FloatField(null=True)
+    itl_p50 = models.FloatField(null=True)
+    itl_p95 = models.FloatField(null=True)
+    itl_p99 = models.FloatField(null=True)
+    itl_max = models.FloatField(null=True)
+    total_time = models.FloatField(null=True)
+    figures = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    @classmethod
+    def from_figures(cls, *, request_id, model_name, source, client, outcome, figures, error=""):
+        itl = figures.get("itl") or {}
+        return cls(
+            request_id=request_id, model_name=model_name, source=source, client=client,
+            outcome=outcome, error=error, figures=figures,
+            prompt_tokens=figures.get("prompt_tokens") or 0,
+            cached_tokens=figures.get("cached_tokens") or 0,
+            output_tokens=figures.get("output_tokens") or 0,
+            queue_time=figures.get("queue_time"), load_time=figures.get("load_time"),
+            prefill_time=figures.get("prefill_time"), prompt_tps=figures.get("prompt_tps"),
+            ttft=figures.get("ttft"), decode_tps=figures.get("decode_tps"),
+            itl_p50=itl.get("p50"), itl_p95=itl.get("p95"), itl_p99=itl.get("p99"),
+            itl_max=itl.get("max"), total_time=figures.get("total_time"),
+        )  # fmt: skip

@@ -1,0 +1,74 @@
+"""The model registry's behaviour: which model to use, how to load it, how long to keep it."""
+
+import re
+
+from django.conf import settings
+
+from inference.engine.host import ModelSpec
+from inference.engine.runner_config import RunnerConfig
+from inference.models import LLMModel
+
+_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class UnknownModel(LookupError):
+    pass
+
+
+def parse_keep_alive(value: str | int | float | None) -> float | None:
+    """Ollama's keep_alive: "5m", "1h", "30s", a number of seconds; 0 unloads right after the
+    answer; negative keeps the model loaded (returned as -1). None and "" mean "not given"."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError("keep_alive must be a duration such as 5m, 30s, 0 or -1")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(value.strip())
+        if not match:
+            raise ValueError(
+                f"keep_alive must be a duration such as 5m, 30s, 0 or -1, got {value!r}"
+            )
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds < 0:
+        return -1.0
+    if seconds > 366 * 24 * 3600:
+        raise ValueError("keep_alive must be at most a year")
+    return seconds
+
+
+def spec_for(model: LLMModel) -> ModelSpec:
+    keep_alive = parse_keep_alive(model.keep_alive or settings.DEFAULT_KEEP_ALIVE)
+    config = RunnerConfig(
+        model_path=model.file_path,
+        ctx_per_seq=model.n_ctx,
+        parallel=model.parallel,
+        cache_slots=model.parallel,
+        n_batch=model.n_batch,
+        n_ubatch=model.n_ubatch,
+        n_threads=settings.ENGINE_THREADS or model.n_threads,
+        n_gpu_layers=model.n_gpu_layers,
+        kv_type=model.kv_type,
+        flash_attn=model.flash_attn,
+    )
+    return ModelSpec(model.name, config, 300.0 if keep_alive is None else keep_alive)
+
+
+def default_model() -> LLMModel | None:
+    return LLMModel.objects.filter(is_default=True).first() or LLMModel.objects.first()
+
+
+def resolve(name: str | None) -> LLMModel:
+    """A model by registry name (Ollama's "name:tag" accepted), or the default one."""
+    if not name:
+        model = default_model()
+        if model is None:
+            raise UnknownModel("no model is registered yet")
+        return model
+    base = name.split(":", 1)[0] if name.endswith(":latest") else name
+    model = LLMModel.objects.filter(name__in={name, base}).first()
+    if model is None:
+        raise UnknownModel(f"model {name!r} not found")
+    return model
