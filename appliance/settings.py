@@ -5,7 +5,9 @@ Split mode (REDIS_URL set): Redis is the Celery broker and the channel layer; th
 in a separate inference worker.
 """
 
+import os
 import secrets
+import time
 from pathlib import Path
 
 import dj_database_url
@@ -29,10 +31,19 @@ def _secret_key() -> str:
     if from_env:
         return from_env
     key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        key_file.write_text(secrets.token_urlsafe(50))
-        key_file.chmod(0o600)
-    return key_file.read_text().strip()
+    try:  # created exclusively: web and workers sharing a data dir may all start at once
+        descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    else:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
+    for _ in range(50):  # another process may be writing it right now
+        key = key_file.read_text().strip()
+        if key:
+            return key
+        time.sleep(0.1)
+    raise ConfigError(f"{key_file} is empty: delete it or set SECRET_KEY")
 
 
 SECRET_KEY = _secret_key()
@@ -149,6 +160,8 @@ CELERY_TASK_ROUTES = {"inference.generate": {"queue": "inference"}}
 CELERY_IMPORTS = ["inference.worker", "inference.tasks"]
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
+    # Workers sweep their own keep-alive; this is the safety net the beat keeps.
+    "idle-unload": {"task": "inference.unload_idle_models", "schedule": 60.0},
 }
 
 # Engine and product settings.

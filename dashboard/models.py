@@ -33,7 +33,9 @@ class Message(models.Model):
         STOPPED = "stopped"
         FAILED = "failed"
 
-    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="messages")
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.TextField(blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.COMPLETE)

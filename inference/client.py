@@ -61,12 +61,13 @@ class InferenceClient(Protocol):
 
 
 def make_host() -> EngineHost:
-    from inference.preflight import preflight  # memory estimate vs what is free
+    from inference.preflight import preflight, validate  # GGUF check; memory vs free
 
     return EngineHost(
         max_loaded=settings.MAX_LOADED_MODELS,
         itl_target=settings.ITL_TARGET_MS / 1000.0,
         max_queue=settings.ENGINE_MAX_QUEUE,
+        validate=validate,
         preflight=preflight,
     )
 

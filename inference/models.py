@@ -3,6 +3,14 @@
 from django.db import models
 
 
+class VisibleModels(models.Manager):
+    """Registered models minus hidden ones (a deleted packaged model stays, hidden, so that
+    bootstrap does not register it again)."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(hidden=False)
+
+
 class LLMModel(models.Model):
     """A GGUF file the appliance can load: what the file says, its hash, and its settings."""
 
@@ -11,6 +19,7 @@ class LLMModel(models.Model):
         UPLOAD = "upload", "uploaded"
         URL = "url", "downloaded"
         PACKAGE = "package", "from an installed package"
+        IMPORT = "import", "imported with manage.py import_model"
 
     class KvType(models.TextChoices):
         F16 = "f16"
@@ -44,7 +53,9 @@ class LLMModel(models.Model):
     n_batch = models.PositiveIntegerField(default=512)
     n_ubatch = models.PositiveIntegerField(default=512)
     kv_type = models.CharField(max_length=8, choices=KvType.choices, default=KvType.F16)
-    flash_attn = models.BooleanField(default=False)
+    flash_attn = models.BooleanField(
+        default=True, help_text="llama.cpp's auto flash attention; needed for a quantised KV cache"
+    )
     parallel = models.PositiveIntegerField(default=4, help_text="sequences decoded together")
     system_prompt = models.TextField(blank=True)
     default_params = models.JSONField(default=dict, blank=True)
@@ -52,6 +63,7 @@ class LLMModel(models.Model):
     keep_alive = models.CharField(max_length=20, blank=True, help_text="e.g. 5m, 1h, 0, -1")
 
     is_default = models.BooleanField(default=False)
+    hidden = models.BooleanField(default=False, help_text="deleted packaged model: not listed")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     # Load measurements: the estimate before, what the load actually took after.
@@ -59,8 +71,12 @@ class LLMModel(models.Model):
     measured_bytes = models.BigIntegerField(null=True, blank=True)
     last_load_seconds = models.FloatField(null=True, blank=True)
 
+    objects = VisibleModels()  # the default: every list and lookup skips hidden models
+    all_objects = models.Manager()
+
     class Meta:
         ordering = ["name"]
+        base_manager_name = "all_objects"
 
     def __str__(self) -> str:
         return self.name
@@ -85,6 +101,7 @@ class Job(models.Model):
         RUNNING = "running"
         DONE = "done"
         FAILED = "failed"
+        CANCELLED = "cancelled"
 
     kind = models.CharField(max_length=12, choices=Kind.choices)
     state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING)

@@ -1,5 +1,6 @@
 """The model registry's behaviour: which model to use, how to load it, how long to keep it."""
 
+import logging
 import re
 
 from django.conf import settings
@@ -7,6 +8,8 @@ from django.conf import settings
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.models import LLMModel
+
+log = logging.getLogger(__name__)
 
 _DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -72,3 +75,35 @@ def resolve(name: str | None) -> LLMModel:
     if model is None:
         raise UnknownModel(f"model {name!r} not found")
     return model
+
+
+def unload_idle_models() -> list[str]:
+    """Unload the models whose keep-alive ran out; returns their names. The beat task's body.
+
+    Embedded: this process's host. Split: every inference worker sweeps its own host already;
+    this is the safety net on the beat's schedule, from the workers' snapshots. A model used
+    since its snapshot was taken may go early (it reloads on its next request); a busy one is
+    refused by its worker.
+    """
+    from asgiref.sync import async_to_sync
+
+    from inference.client import get_client
+
+    client = get_client()
+    host = getattr(client, "host", None)
+    if host is not None:
+        return host.unload_idle()
+    expired = sorted({
+        row["name"]
+        for snap in client.snapshots()
+        for row in snap.get("loaded") or []
+        if row.get("expires_in") is not None and row["expires_in"] <= 0 and not row.get("busy")
+    })  # fmt: skip
+    unloaded = []
+    for name in expired:
+        try:
+            if async_to_sync(client.unload)(name):
+                unloaded.append(name)
+        except Exception as exc:  # noqa: BLE001 - busy again, or a worker gone: next time
+            log.info("idle unload of %s skipped: %s", name, exc)
+    return unloaded

@@ -41,8 +41,11 @@ class StepCostModel:
                 self.overhead = max(0.0, mean_t - slope * mean_n)
                 return
         # Too little spread in batch sizes to separate the two terms: keep the overhead and
-        # attribute the rest of the time to the tokens.
-        self.per_token = max(1e-6, (mean_t - self.overhead) / mean_n) if mean_n else self.per_token
+        # attribute the rest of the time to the tokens, but never let the overhead claim more
+        # than half of a step (a per-token cost near zero would open the budget to a full
+        # batch and let the next long prompt stall every stream).
+        self.overhead = min(self.overhead, 0.5 * mean_t)
+        self.per_token = (mean_t - self.overhead) / mean_n
 
     def predict(self, tokens: int) -> float:
         return self.overhead + self.per_token * tokens

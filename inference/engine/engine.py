@@ -90,6 +90,7 @@ class Engine:
         self._handles: dict[str, RequestHandle] = {}
         self._streams: dict[str, TextStream] = {}
         self._pending = 0  # submitted, not yet admitted: checked at submit for a fast "busy"
+        self._live: set[str] = set()  # ids of requests not yet ended (guarded by _pending_lock)
         self._pending_lock = threading.Lock()
         self._counts = self.scheduler.counts()
         self._thread: threading.Thread | None = None
@@ -144,10 +145,13 @@ class Engine:
         with self._pending_lock:
             if self._stopping.is_set():
                 raise EngineStopped("the engine is not running")
+            if request.id in self._live:
+                raise ValueError(f"request id {request.id!r} is already in use")
             if self._pending >= self.max_queue:
                 self.telemetry.record_outcome("rejected")
                 raise QueueFull(f"the engine is busy: {self._pending} requests are waiting")
             self._pending += 1
+            self._live.add(request.id)
             self._inbox.put(("submit", request, handle))
         return handle
 
@@ -273,6 +277,9 @@ class Engine:
         """One iteration: schedule → run → update."""
         now = time.perf_counter()
         plan = self.scheduler.schedule(now)
+        # Counts before the pending decrement: `busy` must never read idle while an admitted
+        # request prefills (the keep-alive sweep would unload the model under it).
+        self._counts = self.scheduler.counts()
         for request in plan.admitted:
             self._admitted(request)
         self.runner.trim(plan.kv_trims)
@@ -359,6 +366,8 @@ class Engine:
         self.runner.release(request)
         figures = request.figures()
         self.telemetry.record_outcome(reason, figures["total_time"], request.cached_tokens)
+        with self._pending_lock:
+            self._live.discard(request.id)
         handle = self._handles.pop(request.id, None)
         if handle is not None:
             if tail:  # held-back text that turned out not to be a stop string
@@ -381,6 +390,8 @@ class Engine:
         except Exception:  # noqa: BLE001
             log.exception("releasing a failed request")
         self.telemetry.record_outcome("failed")
+        with self._pending_lock:
+            self._live.discard(request.id)
         handle = self._handles.pop(request.id, None)
         if handle is not None:
             handle.deliver(ErrorEvent(request.id, message, request.figures()))

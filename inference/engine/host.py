@@ -56,13 +56,15 @@ class EngineHost:
         max_loaded: int = 1,
         itl_target: float = 0.1,
         max_queue: int = 64,
+        validate: Callable[[ModelSpec], None] | None = None,
         preflight: Callable[[ModelSpec], None] | None = None,
     ):
         self._runner_factory = runner_factory or _llama_runner
         self.max_loaded = max_loaded
         self.itl_target = itl_target
         self.max_queue = max_queue
-        self.preflight = preflight
+        self.validate = validate  # before anything is evicted: is the file sound?
+        self.preflight = preflight  # after room is made: does it fit?
         self._loaded: dict[str, Loaded] = {}
         self._lock = threading.RLock()  # held during loads: one load at a time
         self._sweeper: threading.Thread | None = None
@@ -79,6 +81,8 @@ class EngineHost:
             if current is not None:
                 current.last_used = time.perf_counter()
                 return current.engine, time.perf_counter() - started
+            if self.validate is not None:
+                self.validate(spec)
             self._make_room()
             if self.preflight is not None:
                 self.preflight(spec)

@@ -28,6 +28,11 @@ class Slot:
     busy: bool = False
 
 
+# Like llama-server's slot similarity: reuse another conversation's slot only when at least
+# half of what it holds is a prefix of the new prompt.
+MIN_REUSE_FRACTION = 0.5
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -68,6 +73,10 @@ class PrefixCache:
         def preference(slot: Slot) -> tuple:
             shared = common_prefix(slot.tokens, prompt_ids) if self.enabled else 0
             same_conversation = cache_key is not None and slot.cache_key == cache_key
+            if not same_conversation and shared < MIN_REUSE_FRACTION * len(slot.tokens):
+                # A BOS token or a common system prompt is not worth another conversation's
+                # cache: such a slot counts as unrelated (empty or least recently used wins).
+                shared = 0
             # Longest shared prefix first, then the same conversation, then an empty slot,
             # then the least recently used one (the cheapest to give up).
             return (shared, same_conversation, not slot.tokens, -slot.last_used)

@@ -70,16 +70,20 @@ class LlamaRunner:
         threads = config.n_threads or os.cpu_count() or 1
         self.n_slots = config.parallel + config.cache_slots
         ctx_params = ll.llama_context_default_params()
-        ctx_params.n_ctx = config.ctx_per_seq * config.parallel
+        ctx_params.n_ctx = config.ctx_per_seq * self.n_slots
         ctx_params.n_batch = config.n_batch
         ctx_params.n_ubatch = min(config.n_ubatch, config.n_batch)
         ctx_params.n_seq_max = self.n_slots
         ctx_params.n_threads = threads
         ctx_params.n_threads_batch = threads
-        ctx_params.kv_unified = True  # sequences share all cells: the scheduler budgets them
+        # One KV stream per sequence, not a unified buffer: a sequence's cells then never mix
+        # with (or fill the holes of) other sequences', so its arithmetic, and its greedy
+        # output, is the same alone or batched; llama.cpp also decodes unrelated sequences
+        # faster this way. The cost is a fixed ctx_per_seq cells per slot.
+        ctx_params.kv_unified = False
         ctx_params.type_k = ctx_params.type_v = KV_TYPES[config.kv_type]
         ctx_params.flash_attn_type = (
-            ll.LLAMA_FLASH_ATTN_TYPE_ENABLED if config.flash_attn
+            ll.LLAMA_FLASH_ATTN_TYPE_AUTO if config.flash_attn
             else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )  # fmt: skip
         ctx_params.no_perf = True
@@ -141,8 +145,11 @@ class LlamaRunner:
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
         if p.uses_penalties:
+            # This llama.cpp takes n_vocab first, and reads a negative window as 0 (penalties
+            # off): the whole context is asked for by its size.
+            last_n = self.ctx_per_seq if p.repeat_last_n < 0 else p.repeat_last_n
             penalties = ll.llama_sampler_init_penalties(
-                p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
+                self.n_vocab, last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty
             )
             add(chain, penalties)
         if p.greedy:
@@ -173,6 +180,9 @@ class LlamaRunner:
         batch = self._batch
         token, pos, n_seq, seq, logits = (
             batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)  # fmt: skip
+        total = sum(len(chunk.tokens) for chunk in chunks)
+        if total > self.n_batch:  # checked before writing: the batch holds n_batch tokens
+            raise ValueError(f"a step of {total} tokens exceeds n_batch {self.n_batch}")
         i = 0
         wanted: list[tuple[str, int]] = []
         for chunk in chunks:
@@ -189,8 +199,6 @@ class LlamaRunner:
             if chunk.sample:
                 logits[i - 1] = 1
                 wanted.append((chunk.request.id, i - 1))
-        if i > self.n_batch:
-            raise ValueError(f"a step of {i} tokens exceeds n_batch {self.n_batch}")
         batch.n_tokens = i
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:

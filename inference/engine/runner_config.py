@@ -16,7 +16,9 @@ class RunnerConfig:
     n_threads: int = 0  # 0: all cores
     n_gpu_layers: int = -1  # -1: every layer the GPU build can take; 0: CPU only
     kv_type: str = "f16"
-    flash_attn: bool = False
+    # On: llama.cpp's "auto" (flash attention wherever the backend has it). Besides speed, it
+    # keeps each sequence's attention arithmetic independent of what else is in the batch.
+    flash_attn: bool = True
 
     def __post_init__(self) -> None:
         checks = {
@@ -30,5 +32,9 @@ class RunnerConfig:
                 raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
-        if self.parallel + self.cache_slots > 256:
+        slots = self.parallel + self.cache_slots
+        if slots > 256:
             raise ValueError("parallel + cache_slots must not exceed 256 sequences")
+        if self.n_batch < slots + 8:
+            # Every decoding sequence needs its token in each step, with room left for prompts.
+            raise ValueError(f"n_batch must be at least {slots + 8} for {slots} sequence slots")

@@ -1,0 +1,252 @@
+"""The registry's changes, staff only: scan, upload, download, cancel, make default, and the
+async load, unload and delete that await the inference client. They only redirect (or answer
+JSON), so no template and no lazy ORM access runs on the event loop, except the delete
+confirmation, rendered on a thread.
+"""
+
+import logging
+import os
+import shutil
+from functools import wraps
+from inspect import iscoroutinefunction
+
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt, csrf_protect
+from django.views.decorators.http import require_http_methods, require_POST
+
+from dashboard.registry import lifecycle
+from dashboard.registry.forms import DownloadForm, UploadForm
+from dashboard.registry.uploads import ModelsDirUploadHandler
+from dashboard.registry.views import job_json, wants_json
+from dashboard.web.security import content_security_policy
+from inference.dispatch import dispatch
+from inference.gguf import GGUFError, read_gguf
+from inference.importing import (
+    ImportRefused,
+    free_path,
+    inside_models_dir,
+    is_packaged,
+    models_dir,
+    register_file,
+    safe_filename,
+    scan_report,
+    schedule_hash,
+    set_default,
+)
+from inference.jobs import cancel_job
+from inference.models import Job, LLMModel
+
+log = logging.getLogger(__name__)
+
+
+def staff_required(view):
+    """403 for a logged-in user who is not staff (login_required goes first)."""
+    if iscoroutinefunction(view):
+
+        @wraps(view)
+        async def wrapped_async(request, *args, **kwargs):
+            if not (await request.auser()).is_staff:
+                raise PermissionDenied
+            return await view(request, *args, **kwargs)
+
+        return wrapped_async
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_staff:
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@login_required
+@staff_required
+@require_POST
+def scan(request: HttpRequest) -> HttpResponse:
+    new, skipped = scan_report()
+    if new:
+        messages.success(request, f"Registered {len(new)} new model(s): "
+                                  + ", ".join(m.name for m in new))  # fmt: skip
+    else:
+        messages.info(request, "No new models in the models directory.")
+    for path, reason in skipped:
+        messages.warning(request, f"Skipped {os.path.basename(path)}: {reason}")
+    return redirect("models")
+
+
+@csrf_exempt  # the body must not be parsed before the upload handler is set; checked below
+@login_required
+@staff_required
+@require_POST
+def upload(request: HttpRequest) -> HttpResponse:
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    free = shutil.disk_usage(models_dir()).free
+    if length > free:
+        return _upload_refused(
+            request,
+            f"not enough disk space: the upload is {length >> 20} MiB, {free >> 20} MiB is free",
+            413,
+        )
+    handler = ModelsDirUploadHandler(request)
+    request.upload_handlers = [handler]
+    try:
+        return _upload(request)
+    finally:
+        handler.cleanup()  # whatever was not moved into place (refused, invalid, cut off)
+
+
+@csrf_protect
+def _upload(request: HttpRequest) -> HttpResponse:
+    form = UploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        first = next(iter(form.errors.values()))[0]
+        return _upload_refused(request, first, 400)
+    uploaded = form.cleaned_data["file"]
+    partial = uploaded.temporary_file_path()
+    try:
+        read_gguf(partial)  # before it becomes a file in the models directory
+    except GGUFError as exc:
+        return _upload_refused(request, f"{uploaded.name} is not a usable GGUF file: {exc}", 400)
+    target = free_path(safe_filename(uploaded.name))
+    os.replace(partial, target)
+    try:
+        model = register_file(target, source=LLMModel.Source.UPLOAD,
+                              name=form.cleaned_data["name"] or None, hash_file=False)  # fmt: skip
+    except (GGUFError, ImportRefused) as exc:
+        target.unlink(missing_ok=True)
+        return _upload_refused(request, str(exc), 400)
+    job = schedule_hash(model)
+    url = reverse("model-detail", args=[model.name])
+    if wants_json(request):
+        return JsonResponse({"name": model.name, "url": url, "hash_job": job.id}, status=201)
+    messages.success(request, f"Uploaded {model.name}; its sha256 is being computed.")
+    return redirect(url)
+
+
+def _upload_refused(request: HttpRequest, message: str, status: int) -> HttpResponse:
+    if wants_json(request):
+        return JsonResponse({"error": message}, status=status)
+    messages.error(request, f"Upload refused: {message}")
+    return redirect("models")
+
+
+@login_required
+@staff_required
+@require_POST
+def download(request: HttpRequest) -> HttpResponse:
+    from inference import tasks
+
+    form = DownloadForm(request.POST)
+    if not form.is_valid():
+        message = form.errors["url"][0]
+        if wants_json(request):
+            return JsonResponse({"error": message}, status=400)
+        messages.error(request, f"Download refused: {message}")
+        return redirect("models")
+    job = Job.objects.create(kind=Job.Kind.DOWNLOAD, source=form.cleaned_data["url"],
+                             message="waiting to start")  # fmt: skip
+    dispatch(tasks.download_model, job.id)
+    if wants_json(request):
+        return JsonResponse(job_json(job), status=202)
+    messages.info(request, f"Downloading {job.source}: progress below.")
+    return redirect("models")
+
+
+@login_required
+@staff_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    job = get_object_or_404(Job, pk=pk)
+    cancelled = cancel_job(job)
+    if wants_json(request):
+        job.refresh_from_db()
+        return JsonResponse(job_json(job), status=200 if cancelled else 409)
+    if cancelled:
+        messages.info(request, f"Job {job.id} cancelled.")
+    else:
+        messages.warning(request, f"Job {job.id} had already ended.")
+    return redirect("models")
+
+
+@login_required
+@staff_required
+@require_POST
+def make_default(request: HttpRequest, name: str) -> HttpResponse:
+    model = get_object_or_404(LLMModel, name=name)
+    set_default(model)
+    messages.success(request, f"{model.name} is now the default model.")
+    return redirect("model-detail", name=model.name)
+
+
+async def _model_or_404(name: str) -> LLMModel:
+    model = await LLMModel.objects.filter(name=name).afirst()
+    if model is None:
+        raise Http404(f"no model named {name!r}")
+    return model
+
+
+@login_required
+@staff_required
+@require_POST
+async def load(request: HttpRequest, name: str) -> HttpResponse:
+    model = await _model_or_404(name)
+    try:
+        row = await lifecycle.load(model)
+    except Exception as exc:  # noqa: BLE001 - every refusal is shown: GGUFError, memory, busy
+        log.info("load of %s refused: %s", model.name, exc)
+        messages.error(request, f"{model.name} was not loaded: {exc}")
+    else:
+        took = f" in {row['load_seconds']:.1f} s" if row and row.get("load_seconds") else ""
+        messages.success(request, f"{model.name} is loaded{took}.")
+    return redirect("model-detail", name=model.name)
+
+
+@login_required
+@staff_required
+@require_POST
+async def unload(request: HttpRequest, name: str) -> HttpResponse:
+    model = await _model_or_404(name)
+    try:
+        unloaded = await lifecycle.unload(model)
+    except Exception as exc:  # noqa: BLE001 - busy, or a worker that refused
+        messages.error(request, f"{model.name} was not unloaded: {exc}")
+    else:
+        messages.info(request, f"{model.name} unloaded." if unloaded
+                      else f"{model.name} was not loaded.")  # fmt: skip
+    return redirect("model-detail", name=model.name)
+
+
+@login_required
+@staff_required
+@require_http_methods(["GET", "POST"])
+async def delete(request: HttpRequest, name: str) -> HttpResponse:
+    """GET: the confirmation page; POST: unload if idle, then unregister (and remove the file
+    when it lives in the models directory)."""
+    model = await _model_or_404(name)
+    if request.method == "GET":
+        return await sync_to_async(_confirm_delete)(request, model)
+    try:
+        outcome = await lifecycle.delete(model)
+    except (lifecycle.Refused, OSError) as exc:
+        messages.error(request, f"{model.name} was not deleted: {exc}")
+        return redirect("model-detail", name=model.name)
+    messages.success(request, outcome + ".")
+    return redirect("models")
+
+
+def _confirm_delete(request: HttpRequest, model: LLMModel) -> HttpResponse:
+    response = render(request, "registry/confirm_delete.html", {
+        "model": model,
+        "packaged": is_packaged(model),
+        "removes_file": not is_packaged(model) and inside_models_dir(model.file_path),
+        "loaded": lifecycle.loaded_rows(lifecycle.snapshots()).get(model.name),
+    })  # fmt: skip
+    response["Content-Security-Policy"] = content_security_policy(request)
+    return response

@@ -1,0 +1,36 @@
+"""Numbers as the registry pages show them (the templates only place them)."""
+
+
+def params_label(count: int | None) -> str:
+    """135M, 7.2B: how model sizes are named."""
+    if not count:
+        return "?"
+    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if count >= size:
+            value = count / size
+            return f"{value:.0f}{unit}" if value >= 100 else f"{value:.1f}{unit}".replace(".0", "")
+    return str(count)
+
+
+def bytes_label(count: int | None) -> str:
+    """GiB with one decimal from 1 GiB, whole MiB below (as inference.memory's messages), KiB
+    for the tiny."""
+    if count is None:
+        return "?"
+    if abs(count) >= 1 << 30:
+        return f"{count / (1 << 30):.1f} GiB"
+    if abs(count) >= 1 << 20:
+        return f"{count / (1 << 20):.0f} MiB"
+    return f"{count / 1024:.0f} KiB"
+
+
+def seconds_label(seconds: float | None) -> str:
+    """A keep-alive countdown: "forever", "4m 10s", "35s"."""
+    if seconds is None:
+        return "forever"
+    seconds = max(0, int(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h {seconds % 3600 // 60}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m {seconds % 60}s"
+    return f"{seconds}s"

@@ -1,0 +1,159 @@
+"""Load, unload and delete from the pages, through the inference client, and what the pages read
+from the workers' snapshots: what is loaded, what is loading, the live memory.
+
+A load is measured where it happens: the worker's RSS plus its own GPU memory, read from its
+snapshot before and after, is what the load actually took (LLMModel.measured_bytes), shown next
+to the estimate.
+"""
+
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.utils import timezone
+
+from inference.client import get_client
+from inference.gguf import GGUFError
+from inference.importing import unregister
+from inference.memory import AvailableMemory, InsufficientMemory, MemoryEstimate, check_fits
+from inference.models import LLMModel
+from inference.preflight import estimate_for_settings, gguf_info
+from inference.registry import spec_for
+
+
+class Refused(Exception):
+    """An action the page cannot do now; the message says why."""
+
+
+# 1. Readings from the snapshots.
+
+
+def snapshots() -> list[dict]:
+    return get_client().snapshots()
+
+
+def loaded_rows(snaps: list[dict]) -> dict[str, dict]:
+    """Model name -> its `ollama ps` row, with the worker that holds it."""
+    rows = {}
+    for snap in snaps:
+        for row in snap.get("loaded") or []:
+            rows[row["name"]] = {**row, "worker": snap.get("worker", "")}
+    return rows
+
+
+def loading_names(snaps: list[dict]) -> list[str]:
+    return [snap["loading"] for snap in snaps if snap.get("loading")]
+
+
+def process_bytes(snap: dict) -> int:
+    """A worker's own memory: RSS plus what it holds on every GPU."""
+    system = snap.get("system") or {}
+    gpu = sum(g.get("process_bytes") or 0 for g in system.get("gpus") or [])
+    return int(system.get("rss_bytes") or 0) + int(gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """Free and total memory of the first worker's box (embedded: this one)."""
+
+    ram_free: int | None
+    ram_total: int | None
+    gpu_free: int | None
+    gpu_total: int | None
+    worker_bytes: int
+    gpus: list[dict]
+
+    @property
+    def available(self) -> AvailableMemory:
+        return AvailableMemory(ram_bytes=self.ram_free, gpu_bytes=self.gpu_free)
+
+
+def memory(snaps: list[dict]) -> Memory | None:
+    if not snaps:
+        return None
+    system = snaps[0].get("system") or {}
+    gpus = system.get("gpus") or []
+    return Memory(
+        ram_free=system.get("ram_available_bytes"),
+        ram_total=system.get("ram_total_bytes"),
+        gpu_free=sum(g["total_bytes"] - g["used_bytes"] for g in gpus) if gpus else None,
+        gpu_total=sum(g["total_bytes"] for g in gpus) if gpus else None,
+        worker_bytes=process_bytes(snaps[0]),
+        gpus=gpus,
+    )
+
+
+# 2. Estimates.
+
+
+def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
+    """The estimate for the model's current settings, or None and why not."""
+    try:
+        info = gguf_info(model.file_path)
+    except GGUFError as exc:
+        return None, str(exc)
+    found = estimate_for_settings(
+        info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
+        n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
+    )  # fmt: skip
+    return found, "" if found else "the file's metadata does not say enough to size it"
+
+
+def fit_verdict(found: MemoryEstimate | None, free: Memory | None) -> str:
+    """Empty when it fits, else InsufficientMemory's message with the numbers."""
+    if found is None or free is None:
+        return ""
+    try:
+        check_fits(found, free.available)
+    except InsufficientMemory as exc:
+        return str(exc)
+    return ""
+
+
+# 3. Actions.
+
+
+async def load(model: LLMModel) -> dict | None:
+    """Load through the client (refusals raise: GGUFError, InsufficientMemory, ModelBusy, ...)
+    and record what the load took. Returns the model's loaded row, when a snapshot has it."""
+    client = get_client()
+    spec = spec_for(model)
+    before_snaps = await sync_to_async(client.snapshots)()
+    before = {s.get("worker"): process_bytes(s) for s in before_snaps}
+    started = time.time()
+    await client.load(spec)
+    after_snaps = await sync_to_async(client.snapshots)()
+    row = loaded_rows(after_snaps).get(model.name)
+    found, _ = await sync_to_async(estimate)(model)
+    updates: dict = {"last_used_at": timezone.now()}
+    if found is not None:
+        updates["estimated_bytes"] = found.total_bytes
+    if row is not None and row.get("loaded_at", 0) >= started:  # this call loaded it
+        updates["last_load_seconds"] = row.get("load_seconds")
+        after = next((s for s in after_snaps if s.get("worker") == row["worker"]), None)
+        if after is not None and row["worker"] in before:
+            taken = process_bytes(after) - before[row["worker"]]
+            # Negative when the load evicted a bigger model first: no reading to show then.
+            updates["measured_bytes"] = taken if taken > 0 else None
+    await LLMModel.objects.filter(pk=model.pk).aupdate(**updates)
+    return row
+
+
+async def unload(model: LLMModel) -> bool:
+    """True if a worker unloaded it; ModelBusy (or the client's refusal) while it answers."""
+    return await get_client().unload(model.name)
+
+
+async def delete(model: LLMModel) -> str:
+    """Unload if loaded and idle, then unregister (inference.importing.unregister decides what
+    happens to the file). Refused while the model answers a request."""
+    client = get_client()
+    row = loaded_rows(await sync_to_async(client.snapshots)()).get(model.name)
+    if row is not None:
+        if row.get("busy"):
+            raise Refused(f"{model.name} is answering a request; delete it when it is idle")
+        try:
+            await client.unload(model.name)
+        except Exception as exc:  # noqa: BLE001 - busy meanwhile, or a worker refused
+            raise Refused(f"{model.name} could not be unloaded: {exc}") from exc
+    return await sync_to_async(unregister)(model)

@@ -1,0 +1,21 @@
+"""/models/: the registry's pages. Fixed paths come first; inference.importing.RESERVED_NAMES
+keeps a model from being named like one of them."""
+
+from django.urls import path
+
+from dashboard.registry import actions, views
+
+urlpatterns = [
+    path("", views.model_list, name="models"),
+    path("status/", views.status, name="models-status"),
+    path("scan/", actions.scan, name="models-scan"),
+    path("upload/", actions.upload, name="models-upload"),
+    path("download/", actions.download, name="models-download"),
+    path("jobs/<int:pk>/", views.job_status, name="model-job"),
+    path("jobs/<int:pk>/cancel/", actions.job_cancel, name="model-job-cancel"),
+    path("<slug:name>/", views.model_detail, name="model-detail"),
+    path("<slug:name>/load/", actions.load, name="model-load"),
+    path("<slug:name>/unload/", actions.unload, name="model-unload"),
+    path("<slug:name>/default/", actions.make_default, name="model-default"),
+    path("<slug:name>/delete/", actions.delete, name="model-delete"),
+]

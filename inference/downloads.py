@@ -1,0 +1,223 @@
+"""Downloading a GGUF file from a URL on the LAN: streamed, resumable, validated, then registered.
+
+1. The bytes go to a hidden partial file in MODELS_DIR (`.download-<job>.part`), hashed as they
+   arrive. A dropped connection or a 5xx is retried with exponential backoff, resuming with an
+   HTTP Range request from the partial file's length (a server that ignores Range starts over).
+2. The first bytes must be the GGUF magic, so a web page or an error document is refused at
+   once rather than after gigabytes.
+3. The complete file is read with the validating GGUF reader, moved into place with one rename
+   (same directory, atomic), and registered with the hash computed on the way.
+On failure or cancellation the partial file is removed and nothing is registered.
+"""
+
+import hashlib
+import logging
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import httpx
+from django.conf import settings
+
+from inference.gguf import GGUFError, read_gguf
+from inference.importing import ImportRefused, free_path, register_file, safe_filename
+from inference.jobs import JobCancelled, JobProgress
+from inference.models import Job, LLMModel
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20
+ATTEMPTS = 5
+BACKOFF_S = 0.5  # doubled after each failed attempt
+MAX_BACKOFF_S = 30.0
+TIMEOUT_S = 30.0  # per network operation (connect, each read), not the whole download
+MAX_URL_LENGTH = 2000
+GGUF_MAGIC = b"GGUF"
+_CONTENT_RANGE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
+
+
+class DownloadError(Exception):
+    """The download cannot succeed (bad status, not a GGUF file, no disk space)."""
+
+
+class Interrupted(Exception):
+    """The transfer stopped early in a way a retry can fix."""
+
+
+# Named errors that are retried with backoff; everything else fails the job at once.
+RETRIED = (httpx.TransportError, Interrupted)
+
+
+def validate_url(url: str) -> str:
+    """An http(s) URL with a host, or ValueError saying what is wrong."""
+    url = url.strip()
+    if len(url) > MAX_URL_LENGTH:
+        raise ValueError(f"the URL is longer than {MAX_URL_LENGTH} characters")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("only http:// and https:// URLs can be downloaded")
+    if not parts.hostname:
+        raise ValueError("the URL has no host")
+    return url
+
+
+def filename_for(url: str) -> str:
+    return safe_filename(unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or "model.gguf")
+
+
+def part_path(job_id: int) -> Path:
+    return Path(settings.MODELS_DIR).resolve() / f".download-{job_id}.part"
+
+
+def download_model(
+    job_id: int, *, attempts: int = ATTEMPTS, backoff: float = BACKOFF_S
+) -> LLMModel | None:
+    """Run a download job to the end: the registered model, or None (failed or cancelled;
+    the job's row says which and why). Idempotent: a finished job is left alone, and a job
+    redelivered after a worker died resumes from its partial file."""
+    job = Job.objects.filter(pk=job_id).first()
+    if job is None:
+        return None
+    part = part_path(job_id)
+    if job.state != Job.State.PENDING and job.state != Job.State.RUNNING:
+        part.unlink(missing_ok=True)
+        return job.model
+    progress = JobProgress(job_id)
+    try:
+        progress.start("connecting")
+        digest = _fetch_with_retries(job.source, part, progress, attempts, backoff)
+        progress.check()
+        model = _install(part, job.source, digest)
+        progress.finish(f"registered as {model.name}", model=model)
+        return model
+    except JobCancelled:
+        log.info("download %s cancelled", job_id)
+        return None
+    except (DownloadError, GGUFError, ImportRefused, ValueError, OSError, *RETRIED) as exc:
+        log.warning("download %s from %s failed: %s", job_id, job.source, exc)
+        progress.fail(str(exc))
+        return None
+    except Exception as exc:  # a time limit or a bug: still a failed job, never "running" forever
+        progress.fail(f"the download stopped: {_describe(exc)}")
+        raise
+    finally:
+        part.unlink(missing_ok=True)  # installed (renamed away), or given up: never left behind
+
+
+def _fetch_with_retries(
+    url: str, part: Path, progress: JobProgress, attempts: int, backoff: float
+) -> str:
+    for attempt in range(1, attempts + 1):
+        try:
+            return fetch(url, part, progress)
+        except RETRIED as exc:
+            if attempt == attempts:
+                raise DownloadError(f"gave up after {attempts} attempts: {_describe(exc)}") from exc
+            delay = min(MAX_BACKOFF_S, backoff * 2 ** (attempt - 1))
+            have = part.stat().st_size if part.exists() else 0
+            progress.note(
+                f"interrupted at {have} bytes ({_describe(exc)}); resuming in {delay:.1f} s"
+            )
+            time.sleep(delay)
+            progress.check()
+    raise AssertionError("unreachable")
+
+
+def _describe(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def fetch(url: str, part: Path, progress: JobProgress) -> str:
+    """One attempt: append to `part` from its current length; returns the sha256 of the whole
+    file. Raises Interrupted / httpx.TransportError for what a retry can fix."""
+    digest = hashlib.sha256()
+    have = part.stat().st_size if part.exists() else 0
+    if have:
+        _hash_into(digest, part)  # the resumed file's hash covers the bytes already here
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    timeout = httpx.Timeout(TIMEOUT_S)
+    with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as r:
+        if r.status_code == 416 and have:
+            _, _, total = _content_range(r.headers.get("content-range", ""))
+            if total == have:
+                return digest.hexdigest()  # the partial file was already complete
+            part.unlink(missing_ok=True)
+            raise Interrupted("the server refused the resume point; starting over")
+        if r.status_code >= 500 or r.status_code == 429:
+            raise Interrupted(f"the server answered HTTP {r.status_code}")
+        if r.status_code not in (200, 206):
+            raise DownloadError(f"the server answered HTTP {r.status_code}")
+        if r.status_code == 206:
+            start, _, total = _content_range(r.headers.get("content-range", ""))
+            if start != have:
+                part.unlink(missing_ok=True)
+                raise Interrupted(f"the server resumed at byte {start}, not {have}; starting over")
+            mode = "ab"
+        else:  # a full answer: the server ignored Range, or this is the first try
+            length = r.headers.get("content-length")
+            total = int(length) if length and length.isdigit() else None
+            have, mode, digest = 0, "wb", hashlib.sha256()
+        if total is not None:
+            _check_disk(part.parent, total - have)
+        with open(part, mode) as f:
+            head = None if have else b""  # only a download from byte 0 sees the magic
+            # As the bytes arrive: a fixed chunk size would buffer, and lose, up to a chunk
+            # when the connection drops.
+            for chunk in r.iter_bytes():
+                if head is not None:  # the first bytes of the file decide if it is a GGUF
+                    head += chunk[: len(GGUF_MAGIC) - len(head)]
+                    if len(head) >= len(GGUF_MAGIC):
+                        if head != GGUF_MAGIC:
+                            raise DownloadError("the URL does not serve a GGUF file")
+                        head = None
+                f.write(chunk)
+                digest.update(chunk)
+                have += len(chunk)
+                progress.update(have, total, "downloaded")
+            f.flush()
+            os.fsync(f.fileno())
+    if total is not None and have != total:
+        raise Interrupted(f"the connection closed after {have} of {total} bytes")
+    return digest.hexdigest()
+
+
+def _content_range(value: str) -> tuple[int | None, int | None, int | None]:
+    match = _CONTENT_RANGE.match(value.strip())
+    if not match:
+        raise DownloadError(f"the server sent an unreadable Content-Range: {value!r}")
+    start, end, total = match.groups()
+    as_int = lambda v: int(v) if v and v != "*" else None  # noqa: E731
+    return as_int(start), as_int(end), as_int(total)
+
+
+def _hash_into(digest, path: Path) -> None:
+    with open(path, "rb") as f:
+        while chunk := f.read(4 * CHUNK_BYTES):
+            digest.update(chunk)
+
+
+def _check_disk(directory: Path, needed: int) -> None:
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise DownloadError(
+            f"not enough disk space: the file needs {needed / (1 << 20):.0f} MiB more, "
+            f"{free / (1 << 20):.0f} MiB is free"
+        )
+
+
+def _install(part: Path, url: str, digest: str) -> LLMModel:
+    """Validate the complete file, rename it into place and register it."""
+    read_gguf(part)  # truncated or corrupt: GGUFError, and the partial file goes
+    final = free_path(filename_for(url))
+    os.replace(part, final)
+    try:
+        model = register_file(final, source=LLMModel.Source.URL, hash_file=False)
+    except BaseException:
+        final.unlink(missing_ok=True)  # no file without its record
+        raise
+    LLMModel.all_objects.filter(pk=model.pk).update(sha256=digest)
+    model.sha256 = digest
+    return model

@@ -1,0 +1,449 @@
+"""Registering GGUF files: from the models directory, installed packages, uploads and imports.
+
+Every file is read with the validating GGUF reader before a record exists, so a registered
+model always has a header we trust; a file the reader refuses is never registered. Hashing is
+streamed in chunks (a model can be tens of GB) and can run later as a job, with progress.
+"""
+
+import hashlib
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import validate_slug
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.text import slugify
+
+from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
+from inference.models import Job, LLMModel
+from inference.preflight import estimate_for_settings
+from inference.starter import packaged_models
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 4 << 20
+DEFAULT_CTX = 2048
+# Paths under /models/ that a model name must not shadow.
+RESERVED_NAMES = frozenset({"scan", "upload", "download", "jobs", "status"})
+# Metadata arrays longer than this are kept as their length only: per-layer values stay, a
+# vocabulary, its scores and merges do not.
+KEEP_LIST_ITEMS = 256
+KEEP_STRING_CHARS = 4096
+
+Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+class ImportRefused(ValueError):
+    """A file or name cannot be registered; the message says why."""
+
+
+# 1. Hashing.
+
+
+def sha256_file(path: str | os.PathLike[str], progress: Progress | None = None) -> str:
+    """The file's sha256, read in chunks; `progress(done, total)` after each chunk."""
+    digest = hashlib.sha256()
+    total = os.path.getsize(path)
+    done = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            digest.update(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, total)
+    return digest.hexdigest()
+
+
+# 2. What the header says, as model fields.
+
+
+def header_fields(info: GGUFInfo) -> dict[str, Any]:
+    return {
+        "size_bytes": info.file_size,
+        "architecture": (info.architecture or "")[:64],
+        "parameter_count": info.parameter_count,
+        "quantization": (info.quantization or "")[:32],
+        "context_length": info.context_length,
+        "layer_count": info.layer_count,
+        "embedding_length": info.embedding_length,
+        "head_count": info.head_count,
+        "head_count_kv": info.head_count_kv,
+        "chat_template": info.chat_template or "",
+        "tokenizer": (info.tokenizer_model or "")[:64],
+        "license": (info.license or "")[:200],
+        "metadata": metadata_summary(info),
+    }
+
+
+def metadata_summary(info: GGUFInfo) -> dict[str, Any]:
+    """A JSON-safe summary: the special tokens prompting needs, the figures the pages show,
+    and every metadata key with long arrays reduced to their length (never the vocabulary)."""
+    keys = {}
+    for key, value in info.metadata.items():
+        if key == "tokenizer.chat_template":
+            continue  # kept whole in its own field
+        keys[key] = _json_safe(value)
+    return {
+        "bos_token": info.bos_token or "",
+        "eos_token": info.eos_token or "",
+        "bos_token_id": info.bos_token_id,
+        "eos_token_id": info.eos_token_id,
+        "vocab_size": info.vocab_size,
+        "key_length": info.key_length,
+        "value_length": info.value_length,
+        "weights_bytes": info.weights_bytes,
+        "gguf_version": info.version,
+        "tensor_count": info.tensor_count,
+        "name": info.name or "",
+        "keys": keys,
+    }
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, ArraySummary):
+        return {"array": value.element_type, "length": value.length}
+    if isinstance(value, list):
+        if len(value) > KEEP_LIST_ITEMS or depth > 1:
+            return {"array": "list", "length": len(value)}
+        return [_json_safe(v, depth + 1) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, str) and len(value) > KEEP_STRING_CHARS:
+        return value[:KEEP_STRING_CHARS] + "…"
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return repr(value)[:KEEP_STRING_CHARS]
+
+
+# 3. Names and places.
+
+
+def models_dir() -> Path:
+    return Path(settings.MODELS_DIR).resolve()
+
+
+def inside_models_dir(path: str | os.PathLike[str]) -> bool:
+    return Path(path).resolve().is_relative_to(models_dir())
+
+
+def name_from_path(path: Path) -> str:
+    """A slug from the file name: "SmolLM2-135M-Instruct.Q4_1.gguf" becomes
+    "smollm2-135m-instruct-q4_1"."""
+    stem = path.name[: -len(".gguf")] if path.name.lower().endswith(".gguf") else path.stem
+    return slugify(stem.replace(".", "-"))[:90].strip("-_") or "model"
+
+
+def unique_name(base: str) -> str:
+    """`base`, or `base-2`, `base-3`… : the first that no record (hidden ones too) holds."""
+    taken = set(LLMModel.all_objects.filter(name__startswith=base).values_list("name", flat=True))
+    if base not in taken and base not in RESERVED_NAMES:
+        return base
+    n = 2
+    while f"{base}-{n}" in taken:
+        n += 1
+    return f"{base}-{n}"
+
+
+def check_name(name: str) -> str:
+    """A name a person chose: a free slug that no page path uses."""
+    try:
+        validate_slug(name)
+    except Exception:
+        raise ImportRefused(
+            f"name {name!r} must use only letters, digits, hyphens and underscores"
+        ) from None
+    if len(name) > 100:
+        raise ImportRefused("a model name must be at most 100 characters")
+    if name in RESERVED_NAMES:
+        raise ImportRefused(f"name {name!r} is reserved")
+    if LLMModel.all_objects.filter(name=name).exists():
+        raise ImportRefused(f"a model named {name!r} is already registered")
+    return name
+
+
+def safe_filename(name: str) -> str:
+    """The last path part of an uploaded or downloaded name, in plain characters, ending .gguf."""
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(name.replace("\\", "/")).name).strip(".-")
+    base = base[:150] or "model"
+    return base if base.lower().endswith(".gguf") else base + ".gguf"
+
+
+def free_path(filename: str) -> Path:
+    """A path in the models directory that no file holds yet."""
+    target = models_dir() / filename
+    stem = filename[: -len(".gguf")]
+    n = 2
+    while target.exists():
+        target = models_dir() / f"{stem}-{n}.gguf"
+        n += 1
+    return target
+
+
+# 4. Registering.
+
+
+def register_file(
+    path: str | os.PathLike[str],
+    *,
+    source: str,
+    name: str | None = None,
+    hash_file: bool = True,
+    progress: Progress | None = None,
+) -> LLMModel:
+    """Register a GGUF file, or refresh the record that already holds it (idempotent).
+
+    Raises GGUFError when the reader refuses the file (nothing is registered), ImportRefused
+    for a bad or taken name. With hash_file=False the sha256 stays empty for a hash job.
+    """
+    resolved = Path(path).resolve()
+    info = read_gguf(resolved)
+    fields = header_fields(info)
+    existing = LLMModel.all_objects.filter(file_path=str(resolved)).first()
+    if existing is not None:
+        return _refresh(existing, fields, hash_file=hash_file, progress=progress)
+
+    chosen = check_name(name) if name else unique_name(name_from_path(resolved))
+    model = LLMModel(file_path=str(resolved), name=chosen, source=source, **fields)
+    model.n_ctx = min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
+    model.estimated_bytes = estimated_total(model, info)
+    if hash_file:
+        model.sha256 = sha256_file(resolved, progress)
+    try:
+        with transaction.atomic():
+            model.is_default = not LLMModel.objects.filter(is_default=True).exists()
+            model.save()
+    except IntegrityError:
+        # Registered meanwhile by someone else (a scan racing an upload): that record wins.
+        existing = LLMModel.all_objects.filter(file_path=str(resolved)).first()
+        if existing is None:
+            raise ImportRefused(f"the name {chosen!r} was taken meanwhile; try again") from None
+        return existing
+    log.info("registered %s (%s, %s)", model.name, resolved, model.quantization)
+    return model
+
+
+def _refresh(model: LLMModel, fields: dict, *, hash_file: bool, progress: Progress | None):
+    changed = model.size_bytes != fields["size_bytes"]
+    for key, value in fields.items():
+        setattr(model, key, value)
+    if changed:
+        model.sha256 = ""  # a different file now lives at this path
+    if hash_file and not model.sha256:
+        model.sha256 = sha256_file(model.file_path, progress)
+    model.save()
+    return model
+
+
+def estimated_total(model: LLMModel, info: GGUFInfo) -> int | None:
+    estimate = estimate_for_settings(
+        info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
+        n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
+    )  # fmt: skip
+    return estimate.total_bytes if estimate else None
+
+
+def register_packaged_models() -> list[LLMModel]:
+    """The GGUF files installed packages carry (the starter model), registered once; called at
+    every start. A packaged model someone deleted stays hidden."""
+    registered = []
+    for name, path in packaged_models():
+        resolved = path.resolve()
+        record = (
+            LLMModel.all_objects.filter(file_path=str(resolved)).first()
+            or LLMModel.all_objects.filter(name=name, source=LLMModel.Source.PACKAGE).first()
+        )
+        if record is not None and record.hidden:
+            continue
+        if record is not None and record.file_path != str(resolved):
+            # A reinstalled or upgraded package: the same model at a new path.
+            record.file_path = str(resolved)
+            record.save(update_fields=["file_path"])
+        if record is not None and record.sha256 and record.size_bytes == resolved.stat().st_size:
+            registered.append(record)  # nothing changed: the common case at every start
+            continue
+        # A user's own model may hold the package's name already: then a derived one.
+        free = record is None and not LLMModel.all_objects.filter(name=name).exists()
+        try:
+            # An existing record is found by its path and refreshed (and hashed if it is not).
+            model = register_file(resolved, source=LLMModel.Source.PACKAGE,
+                                  name=name if free else None)  # fmt: skip
+        except (GGUFError, ImportRefused, OSError) as exc:
+            log.error("packaged model %s at %s not registered: %s", name, resolved, exc)
+            continue
+        registered.append(model)
+    return registered
+
+
+def scan_models_dir() -> list[LLMModel]:
+    """Register new .gguf files under MODELS_DIR (idempotent); invalid files are skipped with
+    the reason logged. New models are hashed by jobs, so a start is not held up by hashing."""
+    new, _ = scan_report()
+    return new
+
+
+def scan_report() -> tuple[list[LLMModel], list[tuple[str, str]]]:
+    """(models registered now, [(path, reason) of every file skipped as invalid])."""
+    root = models_dir()
+    known = set(LLMModel.all_objects.values_list("file_path", flat=True))
+    new: list[LLMModel] = []
+    skipped: list[tuple[str, str]] = []
+    for path in sorted(root.rglob("*.gguf")):
+        # Dot-names are ours in progress (uploads, downloads) or hidden on purpose.
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        if not path.is_file() or str(path.resolve()) in known:
+            continue
+        try:
+            model = register_file(path, source=LLMModel.Source.SCAN, hash_file=False)
+        except (GGUFError, ImportRefused) as exc:
+            log.warning("skipping %s: %s", path, exc)
+            skipped.append((str(path), str(exc)))
+            continue
+        known.add(model.file_path)
+        new.append(model)
+    for model in new:
+        schedule_hash(model)
+    _resume_hashing(exclude={m.pk for m in new})
+    clean_partial_files()
+    return new, skipped
+
+
+# A job that wrote no progress for this long died with its process (progress is written every
+# fraction of a second while a job runs).
+STALE_JOB_S = 600
+# An upload or import partial file untouched this long was left by a dead request or command.
+STALE_PARTIAL_S = 6 * 3600
+
+
+def _active_jobs(kind: str):
+    cutoff = timezone.now() - timedelta(seconds=STALE_JOB_S)
+    return Job.objects.filter(
+        kind=kind, state__in=[Job.State.PENDING, Job.State.RUNNING], updated_at__gte=cutoff
+    )
+
+
+def _resume_hashing(exclude: set[int]) -> None:
+    """Models left unhashed by a job that died (a restart mid-hash) get a new job."""
+    hashing = set(_active_jobs(Job.Kind.HASH).values_list("model_id", flat=True))
+    for model in LLMModel.objects.filter(sha256="").exclude(pk__in=hashing | exclude):
+        if os.path.isfile(model.file_path):
+            schedule_hash(model)
+
+
+def clean_partial_files() -> list[str]:
+    """Remove partial files nobody will finish: a download's once its job is no longer active,
+    an upload's or import's once untouched for hours. Returns the names removed."""
+    active = set(_active_jobs(Job.Kind.DOWNLOAD).values_list("id", flat=True))
+    removed = []
+    now = time.time()
+    for path in models_dir().glob(".*.part"):
+        download = re.fullmatch(r"\.download-(\d+)\.part", path.name)
+        if download:
+            stale = int(download.group(1)) not in active
+        else:
+            try:
+                stale = now - path.stat().st_mtime > STALE_PARTIAL_S
+            except FileNotFoundError:
+                continue
+        if stale:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+            log.info("removed the abandoned partial file %s", path)
+    return removed
+
+
+# 5. Hash jobs.
+
+
+def schedule_hash(model: LLMModel) -> Job:
+    """A job that hashes the model's file, with progress (run after the transaction commits)."""
+    from inference import tasks
+    from inference.dispatch import dispatch
+
+    job = Job.objects.create(
+        kind=Job.Kind.HASH, model=model, source=model.file_path, message="waiting to hash"
+    )
+    dispatch(tasks.hash_model, job.id)
+    return job
+
+
+def hash_model_job(job_id: int) -> str | None:
+    """Run a hash job: the model's sha256 stored, the job done. Idempotent: a finished job or
+    an already hashed model is left as it is."""
+    from inference.jobs import JobCancelled, JobProgress
+
+    job = Job.objects.select_related("model").filter(pk=job_id).first()
+    if job is None or job.state in (Job.State.DONE, Job.State.CANCELLED):
+        return None
+    progress = JobProgress(job_id)
+    model = job.model
+    if model is None:
+        progress.fail("the model was deleted before it was hashed")
+        return None
+    if model.sha256:
+        progress.finish(f"sha256 {model.sha256}")
+        return model.sha256
+    try:
+        progress.start("hashing")
+        digest = sha256_file(
+            model.file_path, lambda done, total: progress.update(done, total, "hashed")
+        )
+    except JobCancelled:
+        return None
+    except OSError as exc:
+        progress.fail(f"cannot read {model.file_path}: {exc.strerror or exc}")
+        return None
+    LLMModel.all_objects.filter(pk=model.pk, file_path=model.file_path).update(sha256=digest)
+    progress.finish(f"sha256 {digest}")
+    return digest
+
+
+# 6. Unregistering.
+
+
+def is_packaged(model: LLMModel) -> bool:
+    packaged = {str(path.resolve()) for _, path in packaged_models()}
+    return model.source == LLMModel.Source.PACKAGE or model.file_path in packaged
+
+
+def unregister(model: LLMModel) -> str:
+    """Remove a model from the registry; the caller has made sure it is not loaded.
+
+    The file goes too only when it lives inside MODELS_DIR and no package owns it. A packaged
+    model is hidden instead, so the next start does not register it again. Returns what was
+    done, for the page's message.
+    """
+    was_default = model.is_default
+    if is_packaged(model):
+        model.hidden = True
+        model.is_default = False
+        model.save(update_fields=["hidden", "is_default"])
+        outcome = f"{model.name} removed from the list (its file belongs to a package)"
+    elif inside_models_dir(model.file_path):
+        Path(model.file_path).unlink(missing_ok=True)  # first: a file that stays keeps its record
+        model.delete()
+        outcome = f"{model.name} deleted with its file"
+    else:
+        model.delete()
+        outcome = f"{model.name} unregistered; its file outside the models directory stays"
+    if was_default:
+        heir = LLMModel.objects.first()
+        if heir is not None:
+            LLMModel.objects.filter(pk=heir.pk).update(is_default=True)
+    return outcome
+
+
+def set_default(model: LLMModel) -> None:
+    """Make `model` the one default model."""
+    with transaction.atomic():
+        LLMModel.all_objects.exclude(pk=model.pk).filter(is_default=True).update(is_default=False)
+        LLMModel.all_objects.filter(pk=model.pk).update(is_default=True)
+    model.is_default = True

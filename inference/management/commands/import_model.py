@@ -1,0 +1,124 @@
+"""`python manage.py import_model PATH [--name N]`: validate a GGUF file and register it.
+
+A file inside MODELS_DIR is registered where it is; any other is copied in first (into a hidden
+partial file, hashed on the way, then renamed into place), so the registry never points at a
+file that can move away under it. Exits non-zero with a clear message when it cannot.
+"""
+
+import hashlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from inference.gguf import GGUFError, read_gguf
+from inference.importing import (
+    CHUNK_BYTES,
+    ImportRefused,
+    check_name,
+    free_path,
+    inside_models_dir,
+    models_dir,
+    register_file,
+    safe_filename,
+)
+from inference.models import LLMModel
+
+MiB = 1 << 20
+
+
+class Command(BaseCommand):
+    help = "Validate a GGUF file and register it (copied into MODELS_DIR when it lives elsewhere)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("path", help="a .gguf file")
+        parser.add_argument("--name", help="registry name (default: from the file name)")
+
+    def handle(self, *args, path: str, name: str | None, **options) -> None:
+        source = Path(path).expanduser()
+        if not source.is_file():
+            raise CommandError(f"no such file: {source}")
+        try:
+            info = read_gguf(source)
+        except GGUFError as exc:
+            raise CommandError(f"{source} is not a usable GGUF file: {exc}") from None
+
+        existing = LLMModel.all_objects.filter(file_path=str(source.resolve())).first()
+        if existing is not None:
+            self.stdout.write(f"already registered as {existing.name}")
+            return
+        try:
+            if name:
+                check_name(name)
+            if inside_models_dir(source):
+                model = register_file(
+                    source,
+                    source=LLMModel.Source.IMPORT,
+                    name=name,
+                    progress=self.progress("hashing"),
+                )
+            else:
+                model = self.copy_and_register(source, name)
+        except ImportRefused as exc:
+            raise CommandError(str(exc)) from None
+        except OSError as exc:
+            raise CommandError(f"cannot import {source}: {exc.strerror or exc}") from None
+        self.stdout.write(self.style.SUCCESS(
+            f"registered {model.name}: {info.architecture or '?'} {model.quantization}, "
+            f"{model.size_bytes / MiB:.1f} MiB, sha256 {model.sha256}"
+        ))  # fmt: skip
+
+    def copy_and_register(self, source: Path, name: str | None) -> LLMModel:
+        """1. copy into a hidden partial file in MODELS_DIR, hashing; 2. rename into place;
+        3. register, removing the copy again if that fails."""
+        fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".part", dir=models_dir())
+        partial = Path(tmp)
+        try:
+            digest = hashlib.sha256()
+            total = source.stat().st_size
+            progress = self.progress("copying")
+            done = 0
+            with open(source, "rb") as src, os.fdopen(fd, "wb") as dst:
+                while chunk := src.read(CHUNK_BYTES):
+                    dst.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    progress(done, total)
+                dst.flush()
+                os.fsync(dst.fileno())
+            read_gguf(partial)  # the copy, not only the original, must be sound
+            target = free_path(safe_filename(source.name))
+            os.replace(partial, target)
+        except GGUFError as exc:
+            raise CommandError(f"the copy of {source} is not usable: {exc}") from None
+        finally:
+            partial.unlink(missing_ok=True)
+        try:
+            model = register_file(target, source=LLMModel.Source.IMPORT, name=name, hash_file=False)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        LLMModel.all_objects.filter(pk=model.pk).update(sha256=digest.hexdigest())
+        model.sha256 = digest.hexdigest()
+        self.stdout.write(f"copied to {target}")
+        return model
+
+    def progress(self, verb: str):
+        """A progress line rewritten in place on a terminal, a few times a second."""
+        last = [0.0]
+
+        def show(done: int, total: int) -> None:
+            now = time.monotonic()
+            if now - last[0] < 0.2 and done != total:
+                return
+            last[0] = now
+            percent = 100 * done / total if total else 100
+            line = f"{verb}: {percent:3.0f}% ({done / MiB:.1f} of {total / MiB:.1f} MiB)"
+            end = "\r" if sys.stdout.isatty() and done != total else "\n"
+            self.stdout.write(line, ending=end)
+            self.stdout.flush()
+
+        return show

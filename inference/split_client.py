@@ -1,0 +1,352 @@
+"""SplitClient: the inference client of split mode (REDIS_URL set), the web side of
+inference.worker. The same interface as inference.client.EmbeddedClient.
+
+A request, step by step:
+1. Make a reply channel on the channel layer and publish the Celery task "inference.generate"
+   (queue "inference") with the generation, the model's spec and the reply channel. Publishing
+   blocks, so it runs in a thread, with short connect timeouts and a capped retry: an
+   unreachable Redis is one "unavailable" error event within seconds.
+2. Relay the events that arrive on the reply channel until done or error. The worker's first
+   message, "claimed", names it; from then on the client watches that worker's heartbeat, and a
+   heartbeat that stops is an error event within seconds. Before a claim the request may wait
+   in the queue as long as some worker is alive (they are busy), up to QUEUE_WAIT_S; with no
+   worker alive for WORKER_WAIT_S it is an error ("no inference worker is running").
+3. Leaving early (the consumer went away, a stop, a client-side error) marks the request closed
+   and publishes its id on appliance:cancel: the worker running it cancels it, and a worker
+   that picks it from the queue later does not run it.
+"""
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import redis
+from channels.layers import channel_layers
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from inference import split_protocol as protocol
+from inference.client import error_event
+from inference.engine.host import ModelBusy, ModelSpec
+from inference.generation import Generation, spec_to_dict
+from inference.worker_control import REPLY_PREFIX
+
+log = logging.getLogger(__name__)
+
+POLL_S = 1.0  # how often a silent stream checks on its worker
+WORKER_WAIT_S = 30.0  # no worker alive this long: give up (covers a worker restarting)
+QUEUE_WAIT_S = 600.0  # workers alive but none took the request this long: give up
+PUBLISH_TIMEOUT_S = 10.0  # the whole publish, retries included
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+CONTROL_TIMEOUT_S = 600.0  # a load of a large model can take minutes
+BROKER_POOL_LIMIT = 16
+FINAL = ("done", "error")
+
+
+class WorkerError(RuntimeError):
+    """The inference workers could not do a load or unload."""
+
+
+class NoWorker(WorkerError):
+    """No inference worker is running."""
+
+
+def broker_unreachable(request_id: str, exc: BaseException) -> dict:
+    if isinstance(exc, TimeoutError):
+        reason = f"no answer within {PUBLISH_TIMEOUT_S:.0f} s"
+    else:
+        reason = str(exc) or type(exc).__name__
+    return error_event(
+        request_id, "unavailable", f"the message broker (Redis) is unreachable: {reason}"
+    )
+
+
+@dataclass(slots=True)
+class _Stream:
+    """What the client knows about one request in flight."""
+
+    request_id: str
+    worker: str | None = None  # who claimed it
+    instance: str | None = None
+    answered: bool = False  # the worker sent the final event
+    suspect: bool = False  # its heartbeat was missing once
+
+
+class SplitClient:
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        *,
+        worker_wait_s: float = WORKER_WAIT_S,
+        queue_wait_s: float = QUEUE_WAIT_S,
+        control_timeout_s: float = CONTROL_TIMEOUT_S,
+    ):
+        self.redis_url = redis_url or settings.REDIS_URL
+        if not self.redis_url:
+            raise ImproperlyConfigured("split mode needs REDIS_URL")
+        self.redis = protocol.connect(self.redis_url)
+        self.worker_wait_s = worker_wait_s
+        self.queue_wait_s = queue_wait_s
+        self.control_timeout_s = control_timeout_s
+        self._broker = None
+        self._broker_lock = threading.Lock()
+        self._streams: dict[str, _Stream] = {}
+        self._cancelled: set[str] = set()
+        self._layers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def _layer(self):
+        """A channel layer of this event loop's own for reply channels: channels_redis refuses
+        to receive on one layer object from two event loops (a sync view's async_to_sync
+        thread next to Daphne's loop would otherwise break every stream)."""
+        loop = asyncio.get_running_loop()
+        layer = self._layers.get(loop)
+        if layer is None:
+            layer = self._layers[loop] = channel_layers.make_backend("default")
+        return layer
+
+    # --- 1. publishing ---------------------------------------------------------------------------
+
+    def _broker_pool(self):
+        with self._broker_lock:
+            if self._broker is None:
+                from appliance.celery import app
+
+                connection = app.connection_for_write(
+                    self.redis_url,
+                    connect_timeout=protocol.CONNECT_TIMEOUT_S,
+                    transport_options={
+                        "socket_connect_timeout": protocol.CONNECT_TIMEOUT_S,
+                        "socket_timeout": protocol.SOCKET_TIMEOUT_S,
+                    },
+                )
+                self._broker = connection.Pool(limit=BROKER_POOL_LIMIT)
+            return self._broker
+
+    def _publish(self, payload: dict, request_id: str) -> None:
+        from appliance.celery import app
+
+        with self._broker_pool().acquire(block=True, timeout=PUBLISH_TIMEOUT_S) as connection:
+            app.send_task(
+                "inference.generate", args=[payload], task_id=request_id, queue=protocol.QUEUE,
+                connection=connection, retry=True, retry_policy=PUBLISH_RETRY,
+                ignore_result=True,
+            )  # fmt: skip
+
+    # --- 2. relaying -----------------------------------------------------------------------------
+
+    async def stream(self, generation: Generation, spec: ModelSpec) -> AsyncIterator[dict]:
+        rid = generation.request_id
+        layer = self._layer()
+        reply = await layer.new_channel()
+        payload = {"generation": generation.to_dict(), "spec": spec_to_dict(spec), "reply": reply}
+        state = _Stream(rid)
+        self._streams[rid] = state
+        published = False
+        try:
+            try:
+                await asyncio.wait_for(
+                    asyncio.to_thread(self._publish, payload, rid), PUBLISH_TIMEOUT_S
+                )
+                published = True
+            except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
+                log.warning("publishing %s failed: %s", rid, exc)
+                published = isinstance(exc, TimeoutError)  # it may still go out: close it
+                yield broker_unreachable(rid, exc)
+                return
+            async for event in self._relay(layer, reply, state):
+                yield event
+        finally:
+            self._streams.pop(rid, None)
+            self._cancelled.discard(rid)
+            if published and not state.answered:
+                # 3. In the background: this may run while the caller's task is being cancelled.
+                threading.Thread(target=self._abandon, args=(rid,), daemon=True).start()
+
+    async def _relay(self, layer, reply: str, state: _Stream) -> AsyncIterator[dict]:
+        rid = state.request_id
+        now = time.monotonic()
+        queued_at = last_seen_worker = now
+        receiving: asyncio.Future | None = None
+        try:
+            while True:
+                if receiving is None:
+                    receiving = asyncio.ensure_future(layer.receive(reply))
+                done, _ = await asyncio.wait({receiving}, timeout=POLL_S)
+                if done:
+                    try:
+                        message = receiving.result()
+                    except Exception as exc:  # noqa: BLE001 - Redis went away mid-stream
+                        yield broker_unreachable(rid, exc)
+                        return
+                    receiving = None
+                    if message.get("type") == "claimed":
+                        state.worker, state.instance = message["worker"], message["instance"]
+                        continue
+                    if message.get("type") in FINAL:
+                        state.answered = True
+                        yield message
+                        return
+                    yield message
+                    continue
+                # Silence for POLL_S: is anybody still working on it?
+                if rid in self._cancelled and state.worker is None:
+                    yield protocol.cancelled_event(rid)  # never reached a worker
+                    return
+                try:
+                    problem, workers_alive = await asyncio.to_thread(self._check, state)
+                except redis.RedisError as exc:
+                    yield broker_unreachable(rid, exc)
+                    return
+                now = time.monotonic()
+                if problem is None and state.worker is None:
+                    if workers_alive:
+                        last_seen_worker = now
+                    if now - last_seen_worker > self.worker_wait_s:
+                        problem = error_event(rid, "unavailable", "no inference worker is running")
+                    elif now - queued_at > self.queue_wait_s:
+                        waited = f"{self.queue_wait_s:.0f} s"
+                        problem = error_event(
+                            rid, "busy", f"no inference worker took the request within {waited}"
+                        )
+                if problem is not None:
+                    yield problem
+                    return
+        finally:
+            if receiving is not None and not receiving.done():
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
+
+    def _check(self, state: _Stream) -> tuple[dict | None, bool]:
+        """(In a thread.) (an error event if the claiming worker is gone, whether any worker
+        is alive); before a claim only the second part is known."""
+        if state.worker is None:
+            return None, bool(self.live_workers())
+        alive = self.redis.get(protocol.alive_key(state.worker)) == state.instance
+        if alive:
+            state.suspect = False
+            return None, True
+        if not state.suspect:  # give a heartbeat delayed by a loaded box one more poll
+            state.suspect = True
+            return None, True
+        log.warning("worker %s stopped while answering %s", state.worker, state.request_id)
+        return error_event(
+            state.request_id, "unavailable",
+            f"the inference worker stopped while answering (worker {state.worker})",
+        ), False  # fmt: skip
+
+    # --- 3. cancelling ---------------------------------------------------------------------------
+
+    def _abandon(self, request_id: str) -> None:
+        """Nobody waits for this request any more: a queued copy must not run, a running one
+        must stop."""
+        try:
+            with self.redis.pipeline() as pipe:
+                pipe.set(protocol.closed_key(request_id), "client",
+                         ex=protocol.REQUEST_MARK_TTL_S)  # fmt: skip
+                pipe.publish(protocol.cancel_channel(self.redis), request_id)
+                pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("could not cancel %s: %s", request_id, exc)
+
+    async def cancel(self, request_id: str) -> None:
+        """Stop a generation: a running one ends with finish_reason "cancelled"."""
+        if request_id in self._streams:
+            self._cancelled.add(request_id)
+        await asyncio.to_thread(self._abandon, request_id)
+
+    # --- models and telemetry --------------------------------------------------------------------
+
+    def live_workers(self) -> list[str]:
+        """Names of the inference workers whose heartbeat is current."""
+        names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=100)
+        return sorted(protocol.worker_from_key(key) for key in names)
+
+    def _control(self, command: dict, timeout: float) -> list[dict]:
+        """(In a thread.) Broadcast a command; the answers of every worker that heard it."""
+        reply = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
+        try:
+            expected = set(self.live_workers())
+            heard = self.redis.publish(
+                protocol.control_channel(self.redis), json.dumps({**command, "reply": reply})
+            )
+        except redis.RedisError as exc:
+            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
+        if not heard:
+            raise NoWorker("no inference worker is running")
+        answers: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(answers) < heard and time.monotonic() < deadline:
+                item = self.redis.blpop([reply], timeout=1)
+                if item is not None:
+                    answer = json.loads(item[1])
+                    answers[str(answer.get("worker"))] = answer
+                    continue
+                # A worker that died after hearing the command never answers: stop waiting
+                # once every worker still alive has answered.
+                waiting = (expected & set(self.live_workers())) - set(answers)
+                if answers and not waiting:
+                    break
+        except redis.RedisError as exc:
+            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
+        finally:
+            try:
+                self.redis.delete(reply)
+            except redis.RedisError:
+                pass
+        if not answers:
+            raise WorkerError(f"no inference worker answered within {timeout:.0f} s")
+        return list(answers.values())
+
+    @staticmethod
+    def _raise_failures(answers: list[dict]) -> None:
+        failures = [a for a in answers if not a.get("ok")]
+        if not failures:
+            return
+        message = "; ".join(f"{a.get('worker')}: {a.get('message')}" for a in failures)
+        if all(a.get("error") == "busy" for a in failures):
+            raise ModelBusy(message)
+        raise WorkerError(message)
+
+    async def load(self, spec: ModelSpec) -> None:
+        """Load the model on every inference worker; raises if any could not."""
+        command = {"op": "load", "spec": spec_to_dict(spec)}
+        answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
+        self._raise_failures(answers)
+
+    async def unload(self, name: str) -> bool:
+        """Unload the model wherever it is loaded; True if some worker had it."""
+        command = {"op": "unload", "name": name}
+        try:
+            answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
+        except NoWorker:
+            return False  # nothing is loaded anywhere
+        unloaded = any(a.get("ok") and a.get("result") for a in answers)
+        if not unloaded:
+            self._raise_failures(answers)
+        return unloaded
+
+    def snapshots(self) -> list[dict]:
+        """The latest snapshot of every live inference worker (empty if Redis is out)."""
+        try:
+            names = self.live_workers()
+            if not names:
+                return []
+            raw = self.redis.mget([protocol.snapshot_key(name) for name in names])
+        except redis.RedisError as exc:
+            log.warning("cannot read worker snapshots: %s", exc)
+            return []
+        snapshots = []
+        for value in raw:
+            if value:
+                try:
+                    snapshots.append(json.loads(value))
+                except ValueError:
+                    log.warning("a worker snapshot is not JSON")
+        return snapshots

@@ -1,0 +1,95 @@
+"""What the web side and the inference workers agree on in split mode: Redis names, timings,
+and the few messages that are not engine events.
+
+Everything a worker says about itself lives in Redis under "appliance:worker:<name>:…" with a
+short TTL, so a worker that dies simply disappears: nothing has to clean up after it.
+
+    appliance:worker:<name>:alive     the worker's instance id, TTL HEARTBEAT_TTL_S
+    appliance:worker:<name>:snapshot  its latest inference.feed.worker_snapshot() as JSON
+    appliance:req:<id>:started        set when the request's first token went out
+    appliance:req:<id>:closed         nobody waits for this request any more: never run it
+    appliance:cancel                  pub/sub: a request id to cancel, heard by every worker
+    appliance:control                 pub/sub: load/unload commands, heard by every worker
+
+Keys live in the Redis database of REDIS_URL, but pub/sub channels are global to the server, so
+their names carry the database number (when it is not 0): two appliances, or a test run, sharing
+one Redis server never hear each other's cancels.
+"""
+
+import redis
+
+QUEUE = "inference"  # the Celery queue of "inference.generate"
+
+PREFIX = "appliance"
+
+HEARTBEAT_INTERVAL_S = 1.0
+HEARTBEAT_TTL_S = 3.0  # a worker silent this long is gone
+SNAPSHOT_TTL_S = 5.0
+# Request marks outlive the broker's visibility timeout (1 h), after which Celery redelivers a
+# task whose worker died: the mark must still be there to stop it from running twice.
+REQUEST_MARK_TTL_S = 2 * 3600
+
+# Every Redis call from the web side is bounded: a Redis that does not answer must turn into an
+# error event within seconds, never a hung request.
+CONNECT_TIMEOUT_S = 3.0
+SOCKET_TIMEOUT_S = 5.0
+
+
+def alive_key(worker: str) -> str:
+    return f"{PREFIX}:worker:{worker}:alive"
+
+
+def snapshot_key(worker: str) -> str:
+    return f"{PREFIX}:worker:{worker}:snapshot"
+
+
+def worker_from_key(key: str) -> str:
+    """The worker name inside an "appliance:worker:<name>:<what>" key."""
+    return key[len(f"{PREFIX}:worker:") : key.rindex(":")]
+
+
+ALIVE_PATTERN = f"{PREFIX}:worker:*:alive"
+SNAPSHOT_PATTERN = f"{PREFIX}:worker:*:snapshot"
+
+
+def started_key(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}:started"
+
+
+def closed_key(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}:closed"
+
+
+def _channel(name: str, client: redis.Redis) -> str:
+    db = client.connection_pool.connection_kwargs.get("db", 0)
+    return f"{PREFIX}:{name}" if not db else f"{PREFIX}:{name}:db{db}"
+
+
+def cancel_channel(client: redis.Redis) -> str:
+    return _channel("cancel", client)
+
+
+def control_channel(client: redis.Redis) -> str:
+    return _channel("control", client)
+
+
+def connect(url: str) -> redis.Redis:
+    """A thread-safe Redis client with bounded connect and read times."""
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        health_check_interval=30,
+    )
+
+
+def claimed_event(request_id: str, worker: str, instance: str) -> dict:
+    """The worker's first message on a reply channel: whose heartbeat the client must watch."""
+    return {"type": "claimed", "request_id": request_id, "worker": worker, "instance": instance}
+
+
+def cancelled_event(request_id: str) -> dict:
+    """The end of a request cancelled before the engine had it (no figures: it never ran)."""
+    return {"type": "done", "request_id": request_id, "finish_reason": "cancelled", "text": "",
+            "figures": {}}  # fmt: skip

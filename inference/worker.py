@@ -1,0 +1,192 @@
+"""The inference worker: a Celery worker on queue "inference" that owns the engine (split mode).
+
+    celery -A appliance worker -Q inference -P threads -c 16 -n inference@%h
+
+One process, one EngineHost (inference.client.make_host), one engine thread per loaded model.
+The threads pool lets many "inference.generate" tasks run at once: each one only submits its
+request to the host and forwards the request's events to the web process's reply channel, while
+the engine thread batches them all together. The worker never touches the database: the task
+payload carries the model's spec, so a second box needs only Redis and the model files.
+
+A task, step by step:
+1. Skip a request nobody waits for any more (the client gave up or cancelled while it queued),
+   and refuse to run again a request whose first token already went out (a redelivery after
+   its worker died: the client has reported that failure, and answering twice would be wrong).
+2. Send {"type": "claimed", "worker", "instance"} so the client knows whose heartbeat to watch.
+3. Submit to the host (loading the model if needed) and forward every event; the first token
+   sets appliance:req:<id>:started.
+4. Mark the request closed so that a late redelivery of this task does nothing.
+"""
+
+import asyncio
+import logging
+import socket
+import threading
+
+from celery import shared_task
+from celery.signals import celeryd_after_setup, worker_shutdown
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from inference.client import error_event, make_host, refusal
+from inference.engine import SamplingParams, event_to_dict
+from inference.generation import Generation, spec_from_dict
+from inference.split_protocol import QUEUE, cancelled_event, claimed_event
+from inference.worker_state import WorkerRuntime
+
+log = logging.getLogger(__name__)
+
+# Kept under the broker's visibility timeout (1 h): a task still running past it would be
+# redelivered to another worker while this one answers. max_tokens and the context bound every
+# answer long before this; it only stops an answer nobody reads that cannot end by itself.
+GENERATE_TIME_LIMIT_S = 50 * 60
+THREAD_POOLS = ("celery.concurrency.thread", "celery.concurrency.solo")
+
+_runtime: WorkerRuntime | None = None
+_runtime_lock = threading.Lock()
+_node_name: str | None = None
+
+
+def runtime() -> WorkerRuntime:
+    """This process's worker state, started on first use."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            name = settings.WORKER_NAME or _node_name or f"inference@{socket.gethostname()}"
+            _runtime = WorkerRuntime(name, settings.REDIS_URL, make_host).start()
+        return _runtime
+
+
+@celeryd_after_setup.connect
+def _start_inference_worker(sender: str, instance, **kwargs) -> None:
+    """Start the engine host and heartbeats before the first task arrives, but only in a worker
+    that consumes queue "inference" (the jobs worker imports this module too)."""
+    global _node_name
+    if QUEUE not in instance.app.amqp.queues.consume_from:
+        return
+    pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
+    problem = ""
+    if pool not in THREAD_POOLS:  # with prefork each child would load its own copy of a model
+        problem = f"the inference worker needs the threads pool (-P threads), not {pool}"
+    elif not settings.REDIS_URL:
+        problem = "the inference worker needs REDIS_URL (split mode)"
+    if problem:
+        log.critical(problem)
+        raise SystemExit(problem)  # Celery logs and swallows other exceptions from signals
+    _node_name = sender
+    runtime()
+
+
+@worker_shutdown.connect
+def _stop_inference_worker(**kwargs) -> None:
+    global _runtime
+    with _runtime_lock:
+        current, _runtime = _runtime, None
+    if current is not None:
+        current.stop()
+
+
+@shared_task(
+    name="inference.generate",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    soft_time_limit=GENERATE_TIME_LIMIT_S,  # enforced by serve(): the threads pool has no timers
+    time_limit=GENERATE_TIME_LIMIT_S + 60,
+)
+def generate(payload: dict) -> None:
+    """Answer one request: payload = {"generation": Generation.to_dict(), "spec":
+    spec_to_dict(spec), "reply": channel name}."""
+    serve(runtime(), payload)
+
+
+def serve(rt: WorkerRuntime, payload: dict) -> None:
+    reply = payload.get("reply") if isinstance(payload, dict) else None
+    if not isinstance(reply, str) or not reply:
+        log.error("dropping a generate task without a reply channel")
+        return
+    # One event loop per task thread: the channel layer keeps its Redis connections per loop.
+    asyncio.run(_serve(rt, payload, reply))
+
+
+async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
+    layer = get_channel_layer()
+    raw = payload.get("generation")
+    rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
+    try:
+        generation = Generation(**raw)
+        spec = spec_from_dict(payload["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        await layer.send(reply, error_event(rid, "invalid", f"malformed request: {exc}"))
+        return
+    rid = generation.request_id
+    with rt.track(rid) as running:
+        # 1. Checked after tracking starts, so a cancel racing this check is not lost.
+        started, closed = rt.marks(rid)
+        if closed:
+            log.info("%s: nobody waits for it any more; not running it", rid)
+            await layer.send(reply, cancelled_event(rid))
+            return
+        if started:
+            log.warning("%s: redelivered after it had started; not running it twice", rid)
+            await layer.send(reply, error_event(
+                rid, "unavailable",
+                "the inference worker stopped while answering; the request is not run twice",
+            ))  # fmt: skip
+            rt.mark_closed(rid)
+            return
+        # 2.
+        await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
+        try:
+            await _answer(rt, running, generation, spec, layer, reply)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
+            log.exception("%s failed", rid)
+            try:
+                failure = error_event(rid, "unavailable", f"the worker failed: {exc}")
+                await layer.send(reply, failure)
+            except Exception:  # noqa: BLE001 - Redis itself is gone: nobody can be told
+                log.warning("%s: could not report the failure", rid)
+        finally:
+            try:  # 4.
+                rt.mark_closed(rid)
+            except Exception:  # noqa: BLE001
+                log.warning("%s: could not mark it closed", rid)
+
+
+async def _answer(rt: WorkerRuntime, running, generation: Generation, spec, layer, reply) -> None:
+    rid = generation.request_id
+    if running.cancelled:  # cancelled while it waited in the queue
+        await layer.send(reply, cancelled_event(rid))
+        return
+    # 3. Submitting may load the model (seconds to minutes); this loop serves only this task.
+    try:
+        params = SamplingParams(**generation.params)
+        handle = rt.host.submit(
+            spec, generation.prompt, params, keep_alive=generation.keep_alive,
+            accepted_at=generation.accepted_perf(), request_id=rid,
+            cache_key=generation.cache_key, add_special=generation.add_special,
+        )  # fmt: skip
+    except TypeError as exc:  # an unknown sampling field
+        await layer.send(reply, error_event(rid, "invalid", str(exc)))
+        return
+    except Exception as exc:  # noqa: BLE001 - every refusal becomes an error event
+        await layer.send(reply, refusal(rid, exc))
+        return
+    running.attach(handle)
+    deadline = asyncio.get_running_loop().call_later(GENERATE_TIME_LIMIT_S, handle.cancel)
+    started = False
+    try:
+        async for event in handle.aevents():
+            data = event_to_dict(event)
+            if data["type"] == "token" and not started:
+                started = True
+                rt.mark_started(rid)
+            await layer.send(reply, data)
+    except ChannelFull:
+        log.warning("%s: the client stopped reading; cancelling", rid)
+    finally:
+        deadline.cancel()
+        if handle.final is None:  # left early (nobody reading, Redis gone): free the sequence
+            handle.cancel()
+        rt.host.touch(spec.name)

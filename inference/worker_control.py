@@ -1,0 +1,61 @@
+"""Load and unload commands that reach every inference worker over Redis pub/sub.
+
+Command (JSON on appliance:control):
+    {"op": "load", "spec": spec_to_dict(spec), "reply": "appliance:control:reply:<hex>"}
+    {"op": "unload", "name": "<model>", "reply": ...}
+Each worker RPUSHes one answer onto the reply list:
+    {"worker": name, "ok": true, "result": <bool for unload, true for load>}
+    {"worker": name, "ok": false, "error": "busy" | "failed", "message": str}
+"""
+
+import json
+import logging
+
+import redis
+
+from inference import split_protocol as keys
+from inference.engine.host import EngineHost, ModelBusy
+from inference.generation import spec_from_dict
+
+log = logging.getLogger(__name__)
+
+REPLY_PREFIX = f"{keys.PREFIX}:control:reply:"
+REPLY_TTL_S = 600  # a reply nobody collected (the asker gave up) does not stay forever
+
+
+def run_command(host: EngineHost, worker: str, command: dict) -> dict:
+    """Execute one command on this worker's host; every outcome is an answer, never a raise."""
+    op = command.get("op")
+    try:
+        if op == "load":
+            host.load(spec_from_dict(command["spec"]))
+            result = True
+        elif op == "unload":
+            name = command.get("name")
+            if not isinstance(name, str) or not name:
+                raise ValueError("unload needs a model name")
+            result = host.unload(name)
+        else:
+            raise ValueError(f"unknown control operation {op!r}")
+    except ModelBusy as exc:
+        return {"worker": worker, "ok": False, "error": "busy", "message": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - a failed load is an answer for the dashboard
+        log.warning("control %s failed on %s: %s", op, worker, exc)
+        return {"worker": worker, "ok": False, "error": "failed", "message": str(exc)}
+    return {"worker": worker, "ok": True, "result": result}
+
+
+def execute_control(host: EngineHost, worker: str, client: redis.Redis, command: dict) -> None:
+    reply = command.get("reply")
+    # Only reply lists of our own shape: a command must not make a worker write any other key.
+    if not isinstance(reply, str) or not reply.startswith(REPLY_PREFIX) or len(reply) > 200:
+        log.warning("ignoring a control command without a valid reply key")
+        return
+    answer = run_command(host, worker, command)
+    try:
+        with client.pipeline() as pipe:
+            pipe.rpush(reply, json.dumps(answer))
+            pipe.expire(reply, REPLY_TTL_S)
+            pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not answer control %s: %s", command.get("op"), exc)

@@ -1,0 +1,69 @@
+// A model's page: its sha256 while it is hashed, its loaded state and loads under way, polled;
+// the Load button says "loading…" while the server loads (the page reloads when it is done).
+(function () {
+  "use strict";
+
+  var badge = document.getElementById("loaded-badge");
+  if (!badge) return;
+  var POLL_MS = 1500;
+
+  function getJSON(url) {
+    return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
+      .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); });
+  }
+
+  function countdown(seconds) {
+    if (seconds === null || seconds === undefined) return "forever";
+    var s = Math.max(0, Math.floor(seconds));
+    if (s >= 3600) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
+    if (s >= 60) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+    return s + "s";
+  }
+
+  function pollStatus() {
+    if (document.hidden) { setTimeout(pollStatus, POLL_MS); return; }
+    getJSON(badge.dataset.statusUrl)
+      .then(function (s) {
+        var mine = s.loaded.filter(function (r) { return r.name === badge.dataset.name; })[0];
+        badge.textContent = mine ? (mine.busy ? "loaded · answering" : "loaded") : "not loaded";
+        badge.classList.toggle("on", !!mine);
+        var expires = document.getElementById("expires");
+        if (expires && mine) expires.textContent = mine.busy ? "busy" : countdown(mine.expires_in);
+        var note = document.getElementById("loading-note");
+        note.hidden = !s.loading.length;
+        document.getElementById("loading-names").textContent = s.loading.join(", ");
+      })
+      .catch(function () { /* try again at the next poll */ })
+      .finally(function () { setTimeout(pollStatus, POLL_MS); });
+  }
+  setTimeout(pollStatus, POLL_MS);
+
+  var hashing = document.getElementById("hash-progress");
+  function pollHash() {
+    getJSON(hashing.dataset.jobUrl)
+      .then(function (job) {
+        hashing.querySelector("progress").value = job.progress;
+        hashing.querySelector(".job-message").textContent = job.message;
+        if (job.state === "done" && job.sha256) {
+          var code = document.createElement("code");
+          code.textContent = job.sha256;
+          document.getElementById("sha256").replaceChildren(code);
+          return;
+        }
+        if (job.state === "failed" || job.state === "cancelled") return;
+        setTimeout(pollHash, 1000);
+      })
+      .catch(function () { setTimeout(pollHash, 3000); });
+  }
+  if (hashing) pollHash();
+
+  var loadForm = document.querySelector(".load-form");
+  if (loadForm) {
+    loadForm.addEventListener("submit", function () {
+      document.querySelectorAll("#model-actions button").forEach(function (b) { b.disabled = true; });
+      var note = document.getElementById("loading-note");
+      note.hidden = false;
+      document.getElementById("loading-names").textContent = badge.dataset.name;
+    });
+  }
+})();

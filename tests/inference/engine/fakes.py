@@ -1,0 +1,212 @@
+"""A model-free runner that implements engine.Runner, and helpers shared by the engine tests.
+
+Vocabulary: one token per character (its code point), byte tokens for raw bytes (as real
+tokenizers' byte fallback, so a character can be split over several tokens), and EOG = 0.
+
+The fake keeps the KV of every sequence (the token ids at positions 0..n-1) and checks what the
+engine asks of it, the way llama.cpp would fail: a chunk must start where its sequence's KV ends,
+a step may carry at most n_batch tokens, a sequence at most ctx_per_seq and all of them together
+at most n_ctx. A broken check is recorded in `violations` (tests assert it stays empty) and raised.
+
+The next token is a deterministic function of the sequence's KV, so a request gets the same output
+whatever runs beside it, and a wrong KV (a bad trim, a wrong position) changes the output.
+"""
+
+import threading
+import time
+from collections import defaultdict
+
+from inference.engine.prefix_cache import KvTrim
+from inference.engine.request import Request
+from inference.engine.scheduler import Chunk
+
+EOG = 0
+BYTE_BASE = 0x110000  # past the last code point: token BYTE_BASE + b is the raw byte b
+
+
+def byte_token(value: int) -> int:
+    return BYTE_BASE + value
+
+
+def byte_tokens(text: str) -> list[int]:
+    """`text` as one token per UTF-8 byte: multi-byte characters split across tokens."""
+    return [byte_token(b) for b in text.encode("utf-8")]
+
+
+def char_tokens(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def next_token(kv: list[int]) -> int:
+    """The fake model: a lowercase letter that depends on the whole sequence."""
+    h = len(kv) * 7919
+    for token in kv[-16:]:
+        h = (h * 31 + token) % 1_000_003
+    return ord("a") + h % 26
+
+
+class FakeRunner:
+    def __init__(
+        self,
+        *,
+        n_ctx: int = 1024,
+        n_slots: int = 4,
+        ctx_per_seq: int = 256,
+        n_batch: int = 64,
+        overhead: float = 0.0,
+        per_token: float = 0.0,
+    ):
+        self.n_ctx = n_ctx
+        self.n_slots = n_slots
+        self.ctx_per_seq = ctx_per_seq
+        self.n_batch = n_batch
+        self.overhead = overhead  # seconds each execute() sleeps, plus per_token per token
+        self.per_token = per_token
+        self.scripts: dict[str, list[int]] = {}  # request id -> its outputs, in order
+        self.fail_for: set[str] = set()  # request ids whose step raises, as a decode error would
+        self.fail_trim = False  # trim() raises: a bug in the engine's own machinery
+        self.gate: threading.Event | None = None  # when set up, execute() waits for it
+        self.executing = threading.Event()  # set while execute() runs
+
+        self.kv: dict[int, list[int]] = defaultdict(list)
+        self.samplers: set[str] = set()
+        self.prepared: list[str] = []
+        self.released: list[str] = []
+        self.trims: list[KvTrim] = []
+        self.steps: list[list[tuple[str, int, int, int, bool]]] = []  # (id, seq, start, n, sample)
+        self.step_times: list[tuple[float, float]] = []
+        self.violations: list[str] = []
+        self.closed = False
+        self._lock = threading.Lock()
+
+    # --- text ------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+        return char_tokens(text)
+
+    def piece(self, token: int) -> bytes:
+        if token == EOG:
+            return b""
+        if token >= BYTE_BASE:
+            return bytes([token - BYTE_BASE])
+        return chr(token).encode("utf-8")
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    # --- samplers ----------------------------------------------------------------------------
+
+    def prepare(self, request: Request) -> None:
+        with self._lock:
+            self.samplers.add(request.id)
+            self.prepared.append(request.id)
+
+    def release(self, request: Request) -> None:
+        with self._lock:
+            self.samplers.discard(request.id)
+            self.released.append(request.id)
+
+    # --- KV and the step -----------------------------------------------------------------------
+
+    def trim(self, trims: list[KvTrim]) -> None:
+        if self.fail_trim and trims:
+            raise RuntimeError("fake trim failure")
+        with self._lock:
+            for trim in trims:
+                self.trims.append(trim)
+                del self.kv[trim.seq_id][trim.start :]
+
+    def execute(self, chunks: list[Chunk]) -> list[int]:
+        self.executing.set()
+        try:
+            if self.gate is not None:
+                self.gate.wait(10)
+            started = time.perf_counter()
+            n_tokens = sum(len(c.tokens) for c in chunks)
+            if self.overhead or self.per_token:
+                time.sleep(self.overhead + self.per_token * n_tokens)
+            for chunk in chunks:
+                if chunk.request.id in self.fail_for:
+                    raise RuntimeError(f"fake decode error in {chunk.request.id}")
+            with self._lock:
+                sampled = self._run(chunks, n_tokens)
+            self.step_times.append((started, time.perf_counter()))
+            return sampled
+        finally:
+            self.executing.clear()
+
+    def _run(self, chunks: list[Chunk], n_tokens: int) -> list[int]:
+        if n_tokens > self.n_batch:
+            self._violation(f"a step of {n_tokens} tokens exceeds n_batch {self.n_batch}")
+        seqs = [c.request.seq_id for c in chunks]
+        if len(set(seqs)) != len(seqs):
+            self._violation(f"a sequence appears twice in one step: {seqs}")
+        sampled = []
+        record = []
+        for chunk in chunks:
+            request = chunk.request
+            kv = self.kv[request.seq_id]
+            if chunk.start != len(kv):
+                self._violation(
+                    f"{request.id}: chunk starts at {chunk.start} but seq {request.seq_id} "
+                    f"holds {len(kv)} tokens"
+                )
+            kv.extend(chunk.tokens)
+            if len(kv) > self.ctx_per_seq:
+                self._violation(f"seq {request.seq_id} holds {len(kv)} > {self.ctx_per_seq}")
+            record.append(
+                (request.id, request.seq_id, chunk.start, len(chunk.tokens), chunk.sample)
+            )
+            if chunk.sample:
+                script = self.scripts.get(request.id)
+                index = len(request.output_ids)
+                sampled.append(script[index] if script and index < len(script) else next_token(kv))
+        used = sum(len(kv) for kv in self.kv.values())
+        if used > self.n_ctx:
+            self._violation(f"{used} KV cells used > n_ctx {self.n_ctx}")
+        self.steps.append(record)
+        return sampled
+
+    def _violation(self, message: str) -> None:
+        self.violations.append(message)
+        raise AssertionError(message)
+
+    # --- readings ----------------------------------------------------------------------------
+
+    def kv_used(self) -> int:
+        with self._lock:
+            return sum(len(kv) for kv in self.kv.values())
+
+    def chunks_of(self, request_id: str) -> list[tuple[str, int, int, int, bool]]:
+        return [c for step in list(self.steps) for c in step if c[0] == request_id]
+
+    def info(self) -> dict:
+        return {"description": "fake", "size_bytes": 1000, "n_ctx": self.n_ctx}
+
+    def close(self) -> None:
+        if self.executing.is_set():  # llama.cpp would free the model under llama_decode
+            self.violations.append("the runner was closed during a step")
+        self.closed = True
+
+
+def alone_output(prompt: str, max_tokens: int) -> str:
+    """What the fake model answers for `prompt` when it runs alone: the reference output."""
+    kv = char_tokens(prompt)
+    out = []
+    for _ in range(max_tokens):
+        token = next_token(kv)
+        out.append(chr(token))
+        kv.append(token)
+    return "".join(out)
+
+
+def wait_until(condition, timeout: float = 5.0, interval: float = 0.005) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()

@@ -1,0 +1,112 @@
+import random
+
+import pytest
+
+from inference.engine.budget import StepCostModel, TokenBudget
+
+
+def feed(model: StepCostModel, overhead: float, per_token: float, steps: int, noise: float = 0.0,
+         seed: int = 1) -> None:  # fmt: skip
+    rng = random.Random(seed)
+    for _ in range(steps):
+        tokens = rng.choice([1, 2, 3, 4, 17, 33, 64, 128])
+        seconds = (overhead + per_token * tokens) * (1 + rng.uniform(-noise, noise))
+        model.observe(tokens, seconds)
+
+
+def test_the_cost_model_converges_to_the_true_overhead_and_per_token_cost():
+    model = StepCostModel()
+    feed(model, overhead=0.004, per_token=0.0007, steps=40)
+    assert model.overhead == pytest.approx(0.004, rel=1e-6)
+    assert model.per_token == pytest.approx(0.0007, rel=1e-6)
+    assert model.predict(100) == pytest.approx(0.074, rel=1e-6)
+
+
+def test_the_cost_model_converges_despite_noisy_timings():
+    model = StepCostModel()
+    feed(model, overhead=0.02, per_token=0.001, steps=200, noise=0.05)
+    assert model.overhead == pytest.approx(0.02, rel=0.25)
+    assert model.per_token == pytest.approx(0.001, rel=0.1)
+
+
+def test_the_cost_model_follows_a_change_of_machine_within_a_few_dozen_steps():
+    model = StepCostModel()
+    feed(model, overhead=0.01, per_token=0.002, steps=50)
+    feed(model, overhead=0.005, per_token=0.0005, steps=60, seed=2)
+    assert model.per_token == pytest.approx(0.0005, rel=0.02)
+    assert model.overhead == pytest.approx(0.005, rel=0.05)
+
+
+def test_without_spread_in_batch_sizes_the_rest_of_the_time_goes_to_the_tokens():
+    model = StepCostModel(overhead=0.004, per_token=0.005)
+    for _ in range(20):
+        model.observe(1, 0.013)  # decode-only steps: one token each
+    assert model.overhead == 0.004
+    assert model.per_token == pytest.approx(0.009)
+
+
+def test_without_spread_the_overhead_never_claims_more_than_half_a_step():
+    model = StepCostModel(overhead=0.05, per_token=0.005)
+    for _ in range(20):
+        model.observe(1, 0.013)
+    assert model.overhead == pytest.approx(0.0065)
+    assert model.per_token == pytest.approx(0.0065)  # never near zero: no full-batch budget
+    assert model.predict(1) == pytest.approx(0.013)
+
+
+def test_empty_or_zero_time_observations_are_ignored():
+    model = StepCostModel()
+    model.observe(0, 0.5)
+    model.observe(10, 0.0)
+    assert (model.overhead, model.per_token) == (0.010, 0.005)
+
+
+def test_with_nobody_decoding_the_budget_is_the_whole_batch():
+    budget = TokenBudget(itl_target=0.01, max_batch=512)
+    assert budget.tokens(0) == 512
+
+
+def test_unchunked_the_budget_is_always_the_whole_batch():
+    budget = TokenBudget(itl_target=0.01, max_batch=512, chunked=False)
+    assert budget.tokens(3) == 512
+
+
+def test_the_budget_fits_the_itl_target():
+    budget = TokenBudget(0.05, 512, cost=StepCostModel(overhead=0.005, per_token=0.001))
+    # 0.05 s * 0.8 safety = 0.04 s; (0.04 - 0.005) / 0.001 = 35 tokens
+    assert budget.tokens(1) == 35
+    assert budget.cost.predict(budget.tokens(1)) <= budget.itl_target
+
+
+def test_the_budget_never_drops_below_one_token_per_decoder_plus_a_prompt_chunk():
+    budget = TokenBudget(0.01, 512, min_chunk=8, cost=StepCostModel(overhead=0.02, per_token=0.01))
+    assert budget.tokens(5) == 13
+
+
+def test_the_budget_never_exceeds_the_batch():
+    budget = TokenBudget(1.0, 64, cost=StepCostModel(overhead=0.0, per_token=1e-6))
+    assert budget.tokens(1) == 64
+    assert budget.tokens(60) == 64  # the floor of 60 + 8 is capped too
+
+
+def test_the_budget_shrinks_when_steps_get_slower_and_grows_when_they_get_faster():
+    budget = TokenBudget(0.05, 512)
+    feed(budget.cost, overhead=0.005, per_token=0.001, steps=40)
+    baseline = budget.tokens(2)
+    assert baseline == pytest.approx(35, abs=1)
+
+    feed(budget.cost, overhead=0.005, per_token=0.003, steps=60, seed=3)  # a longer context
+    slower = budget.tokens(2)
+    assert slower == pytest.approx(11, abs=1)
+
+    feed(budget.cost, overhead=0.005, per_token=0.0005, steps=60, seed=4)
+    faster = budget.tokens(2)
+    assert faster == pytest.approx(70, rel=0.05)
+    assert slower < baseline < faster
+
+
+def test_the_budget_observes_through_to_its_cost_model():
+    budget = TokenBudget(0.05, 512)
+    for tokens in (1, 50, 1, 50, 1, 50):
+        budget.observe(tokens, 0.002 + 0.0004 * tokens)
+    assert budget.cost.per_token == pytest.approx(0.0004, rel=1e-6)

@@ -1,0 +1,496 @@
+"""The scheduler, driven directly: requests in, plans out, runner results fed back by hand.
+
+`Driver.update` does what the engine does with a step's results, and the fake runner holds the
+KV, so a wrong position, a missing trim or an over-full context shows up as a violation.
+"""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inference.engine.budget import StepCostModel, TokenBudget
+from inference.engine.params import SamplingParams
+from inference.engine.prefix_cache import KvTrim
+from inference.engine.request import Request, Status
+from inference.engine.scheduler import QueueFull, Scheduler, StepPlan
+
+from .fakes import FakeRunner, next_token
+
+MAX_BATCH = 64
+# itl 0.1 s * safety 0.8 = 0.08 s a step; (0.08 - 0.008) / 0.003 = 24 tokens while decoding.
+DECODE_BUDGET = 24
+
+
+def prompt(n: int, tag: int) -> list[int]:
+    """n prompt tokens that share no prefix with another tag's."""
+    return [tag * 1000 + i for i in range(n)]
+
+
+def reference_output(prompt_ids: list[int], n: int) -> list[int]:
+    kv = list(prompt_ids)
+    out = []
+    for _ in range(n):
+        out.append(next_token(kv))
+        kv.append(out[-1])
+    return out
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        n_ctx: int = 1024,
+        n_slots: int = 4,
+        ctx_per_seq: int = 256,
+        max_batch: int = MAX_BATCH,
+        chunked: bool = True,
+        max_queue: int = 64,
+        prefix_cache: bool = True,
+        min_chunk: int = 8,
+    ):
+        self.fake = FakeRunner(
+            n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, n_batch=max_batch
+        )
+        cost = StepCostModel(overhead=0.008, per_token=0.003)
+        self.budget = TokenBudget(0.1, max_batch, min_chunk=min_chunk, chunked=chunked, cost=cost)
+        self.sched = Scheduler(
+            n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, budget=self.budget,
+            max_queue=max_queue, prefix_cache=prefix_cache,
+        )  # fmt: skip
+        self.now = 0.0
+        self.plans: list[StepPlan] = []
+        self.finished: list[Request] = []
+
+    def submit(self, rid: str, ids: list[int], max_tokens: int = 4, cache_key=None) -> Request:
+        request = Request(
+            rid, list(ids), SamplingParams(max_tokens=max_tokens), self.now, cache_key=cache_key
+        )
+        self.sched.add(request)
+        return request
+
+    def step(self) -> StepPlan:
+        self.now += 1.0
+        plan = self.sched.schedule(self.now)
+        self.fake.trim(plan.kv_trims)
+        sampled = self.fake.execute(plan.chunks) if plan.chunks else []
+        assert len(sampled) == sum(c.sample for c in plan.chunks)
+        self.update(plan, sampled)
+        self.plans.append(plan)
+        return plan
+
+    def update(self, plan: StepPlan, sampled: list[int]) -> None:
+        """What the engine does with a step's results."""
+        tokens = iter(sampled)
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed += len(chunk.tokens)
+            if chunk.sample:
+                request.status = Status.DECODING
+                request.output_ids.append(next(tokens))
+                if len(request.output_ids) >= request.max_new_tokens:
+                    self.sched.finish(request, keep_kv=True)
+                    request.status = Status.FINISHED
+                    request.finished_at = self.now
+                    self.finished.append(request)
+
+    def run(self, max_steps: int = 2000) -> None:
+        for _ in range(max_steps):
+            if not self.sched.has_work:
+                return
+            self.step()
+        raise AssertionError(f"still working after {max_steps} steps")
+
+    def cancel(self, rid: str) -> Request | None:
+        request = self.sched.cancel(rid)
+        if request is not None:
+            request.status = Status.CANCELLED
+        return request
+
+    def assert_idle_and_empty(self) -> None:
+        counts = self.sched.counts()
+        assert counts["waiting"] == counts["prefilling"] == counts["decoding"] == 0
+        assert counts["kv_reserved"] == 0
+        assert self.sched.cache.busy_count == 0
+
+
+def chunks_for(plan: StepPlan, request: Request):
+    return [c for c in plan.chunks if c.request is request]
+
+
+# --- the contract ----------------------------------------------------------------------------
+
+
+def test_every_decoding_sequence_gets_exactly_one_token_in_every_plan():
+    d = Driver()
+    requests = [d.submit(f"r{i}", prompt(10 + 30 * i, i + 1), max_tokens=12) for i in range(4)]
+    late = []
+    while d.sched.has_work:
+        if len(d.plans) == 5:  # a long prompt arrives while the others decode
+            late.append(d.submit("late", prompt(150, 9), max_tokens=3))
+        decoding = [r for r in d.sched.running if r.status == Status.DECODING]
+        plan = d.step()
+        for request in decoding:
+            (chunk,) = chunks_for(plan, request)
+            assert chunk.tokens == [request.output_ids[-2]]  # the last sampled token, fed back
+            assert chunk.sample
+    assert {r.id for r in d.finished} == {r.id for r in requests + late}
+    assert d.fake.violations == []
+
+
+def test_the_token_budget_is_never_exceeded_except_for_the_floor():
+    d = Driver(max_batch=48)
+    for i in range(4):
+        d.submit(f"r{i}", prompt(90, i + 1), max_tokens=20)
+    while d.sched.has_work:
+        decoding = sum(r.status == Status.DECODING for r in d.sched.running)
+        allowed = max(d.budget.tokens(decoding), decoding + d.budget.min_chunk)
+        plan = d.step()
+        assert plan.n_tokens <= allowed
+        assert plan.n_tokens <= 48
+        if decoding:
+            assert plan.n_tokens <= max(DECODE_BUDGET, decoding + 8)
+
+
+def test_the_decode_floor_never_exceeds_the_batch_the_runner_can_take():
+    # 8 decoding sequences + a min_chunk of 8 would be 16 tokens, more than n_batch.
+    d = Driver(n_slots=8, max_batch=12, n_ctx=2048)
+    for i in range(8):
+        d.submit(f"r{i}", prompt(4, i + 1), max_tokens=30)
+    d.submit("long", prompt(60, 20), max_tokens=2)
+    d.run()
+    assert all(p.n_tokens <= 12 for p in d.plans)
+    assert d.fake.violations == []
+    assert len(d.finished) == 9
+
+
+def test_with_nobody_decoding_the_budget_is_the_full_batch():
+    d = Driver()
+    long = d.submit("long", prompt(200, 1), max_tokens=2)
+    plan = d.step()
+    assert [len(c.tokens) for c in plan.chunks] == [MAX_BATCH]
+    assert d.budget.tokens(0) == MAX_BATCH
+    assert long.status == Status.PREFILLING
+
+
+def test_a_prompt_larger_than_the_budget_is_split_into_consecutive_chunks_covering_it_once():
+    d = Driver()
+    d.submit("a", prompt(5, 1), max_tokens=40)
+    d.step()  # a is decoding from now on
+    long = d.submit("long", prompt(170, 2), max_tokens=2)
+    d.run()
+    prefill = [c for p in d.plans for c in chunks_for(p, long) if c.start < long.prompt_len]
+    assert len(prefill) > 1  # spread over several steps
+    position = 0
+    covered = []
+    for chunk in prefill:
+        assert chunk.start == position
+        assert 0 < len(chunk.tokens) <= DECODE_BUDGET - 1
+        covered += chunk.tokens
+        position += len(chunk.tokens)
+    assert covered == long.prompt_ids
+
+
+def test_only_the_chunk_that_completes_a_prompt_samples():
+    d = Driver()
+    d.submit("a", prompt(5, 1), max_tokens=30)
+    d.step()
+    long = d.submit("long", prompt(100, 2), max_tokens=1)
+    d.run()
+    prefill = [c for p in d.plans for c in chunks_for(p, long)]
+    assert [c.sample for c in prefill] == [False] * (len(prefill) - 1) + [True]
+    assert prefill[-1].start + len(prefill[-1].tokens) == long.prompt_len
+
+
+def test_chunked_off_runs_a_whole_prompt_in_one_step():
+    d = Driver(chunked=False)
+    d.submit("a", prompt(5, 1), max_tokens=30)
+    d.step()
+    long = d.submit("long", prompt(60, 2), max_tokens=2)
+    plan = d.step()
+    (chunk,) = chunks_for(plan, long)
+    assert chunk.tokens == long.prompt_ids
+    assert chunk.sample
+
+
+def test_chunked_off_still_never_exceeds_the_batch_with_decoders_present():
+    d = Driver(chunked=False)
+    d.submit("a", prompt(5, 1), max_tokens=30)
+    d.submit("b", prompt(5, 2), max_tokens=30)
+    d.step()
+    d.submit("long", prompt(MAX_BATCH, 3), max_tokens=2)
+    d.submit("long2", prompt(40, 4), max_tokens=2)
+    d.run()
+    assert all(p.n_tokens <= MAX_BATCH for p in d.plans)
+    assert d.fake.violations == []
+    assert len(d.finished) == 4
+
+
+# --- fairness --------------------------------------------------------------------------------
+
+
+def test_admission_is_first_in_first_out():
+    d = Driver(n_slots=1)
+    requests = [d.submit(f"r{i}", prompt(3, i + 1), max_tokens=2) for i in range(5)]
+    d.run()
+    assert [r.id for r in d.finished] == [r.id for r in requests]
+    admitted = [r.admitted_at for r in requests]
+    assert admitted == sorted(admitted)
+
+
+def test_a_long_prompt_and_many_short_ones_all_finish():
+    d = Driver(n_slots=3, ctx_per_seq=512, n_ctx=1536)
+    long = d.submit("long", prompt(400, 1), max_tokens=5)
+    shorts = []
+    for step in range(60):
+        if step % 3 == 0:
+            shorts.append(d.submit(f"s{step}", prompt(6, step + 10), max_tokens=6))
+        d.step()
+    d.run()
+    assert long in d.finished
+    assert all(s in d.finished for s in shorts)
+    # The long prompt kept advancing while short ones came and went.
+    prefill_steps = [i for i, p in enumerate(d.plans) if chunks_for(p, long)]
+    assert prefill_steps[-1] < 60
+
+
+# --- cancellation ----------------------------------------------------------------------------
+
+
+def test_cancelling_a_waiting_request_removes_it_from_the_queue():
+    d = Driver(n_slots=1)
+    d.submit("a", prompt(5, 1), max_tokens=10)
+    d.step()
+    b = d.submit("b", prompt(5, 2), max_tokens=10)
+    assert d.cancel("b") is b
+    assert d.sched.counts()["waiting"] == 0
+    d.run()
+    assert b.seq_id is None
+    assert [r.id for r in d.finished] == ["a"]
+
+
+def test_cancelling_a_prefilling_request_frees_its_slot_and_kv():
+    d = Driver(prefix_cache=True)
+    long = d.submit("long", prompt(200, 1), max_tokens=5)
+    d.step()
+    assert long.status == Status.PREFILLING and d.fake.kv[long.seq_id]
+    assert d.cancel("long") is long
+    d.assert_idle_and_empty()
+    d.step()  # the pending trim is applied with the next plan
+    assert KvTrim(long.seq_id, 0) in d.fake.trims
+    assert d.fake.kv_used() == 0
+    assert d.sched.kv_used() == 0
+    assert not d.sched.has_work
+
+
+def test_cancelling_a_decoding_request_frees_its_slot_and_kv():
+    d = Driver()
+    a = d.submit("a", prompt(10, 1), max_tokens=50)
+    b = d.submit("b", prompt(10, 2), max_tokens=5)
+    for _ in range(3):
+        d.step()
+    assert a.status == Status.DECODING
+    d.cancel("a")
+    plan = d.step()
+    assert KvTrim(a.seq_id, 0) in plan.kv_trims
+    assert all(c.request is not a for c in plan.chunks)
+    d.run()
+    assert d.fake.kv[a.seq_id] == []
+    assert b in d.finished
+    d.assert_idle_and_empty()
+    # b's finished turn stays cached; nothing of a's does.
+    assert d.sched.kv_used() == len(d.fake.kv[b.seq_id]) == d.fake.kv_used()
+
+
+def test_cancelling_an_unknown_request_returns_none():
+    assert Driver().sched.cancel("nobody") is None
+
+
+# --- queue and KV room -----------------------------------------------------------------------
+
+
+def test_the_bounded_queue_raises_queue_full():
+    d = Driver(max_queue=2)
+    d.submit("a", prompt(3, 1))
+    d.submit("b", prompt(3, 2))
+    with pytest.raises(QueueFull):
+        d.submit("c", prompt(3, 3))
+
+
+def test_max_new_tokens_is_clamped_to_what_the_sequence_can_hold():
+    d = Driver(ctx_per_seq=32)
+    r = d.submit("r", prompt(28, 1), max_tokens=100)
+    d.run()
+    assert r.max_new_tokens == 4
+    assert len(r.output_ids) == 4
+
+
+def test_admission_waits_while_the_kv_reservation_would_not_fit_and_proceeds_when_room_frees():
+    d = Driver(n_ctx=100, ctx_per_seq=100)
+    a = d.submit("a", prompt(10, 1), max_tokens=60)  # reserves 70 of 100
+    b = d.submit("b", prompt(10, 2), max_tokens=60)  # another 70: must wait for a
+    c = d.submit("c", prompt(5, 3), max_tokens=5)  # would fit, but may not overtake b
+    d.step()
+    assert a.status == Status.DECODING
+    assert b.status == c.status == Status.WAITING
+    d.run()
+    assert b.admitted_at > a.finished_at
+    assert c.admitted_at >= b.admitted_at
+    assert {r.id for r in d.finished} == {"a", "b", "c"}
+    assert d.fake.violations == []
+
+
+# --- prefix cache ----------------------------------------------------------------------------
+
+
+def test_a_prompt_extending_a_finished_turn_reuses_its_kv():
+    d = Driver()
+    first = d.submit("t1", prompt(20, 1), max_tokens=6, cache_key="conv")
+    d.run()
+    held = first.prompt_ids + first.output_ids[:-1]  # the last sampled token was never fed
+    assert d.fake.kv[first.seq_id] == held
+    second = d.submit("t2", first.prompt_ids + first.output_ids + prompt(5, 2), cache_key="conv")
+    plan = d.step()
+    assert second.seq_id == first.seq_id
+    assert second.cached_tokens == len(held)
+    assert not plan.kv_trims  # everything the slot holds is reused
+    (chunk,) = chunks_for(plan, second)
+    assert chunk.start == len(held)
+    d.run()
+    assert second.output_ids == reference_output(second.prompt_ids, 4)
+
+
+def test_a_prompt_sharing_part_of_a_finished_turn_trims_the_slots_tail():
+    d = Driver()
+    first = d.submit("t1", prompt(20, 1), max_tokens=6)
+    d.run()
+    edited = first.prompt_ids + first.output_ids[:2] + prompt(7, 2)
+    second = d.submit("t2", edited)
+    plan = d.step()
+    assert second.seq_id == first.seq_id
+    assert second.cached_tokens == 22
+    assert plan.kv_trims == [KvTrim(first.seq_id, 22)]
+    d.run()
+    assert second.output_ids == reference_output(edited, 4)
+    assert d.fake.violations == []
+
+
+def test_an_identical_prompt_still_computes_its_last_token():
+    d = Driver()
+    first = d.submit("t1", prompt(20, 1), max_tokens=1)
+    d.run()  # the slot holds the 20 prompt tokens
+    second = d.submit("t2", prompt(20, 1), max_tokens=1)
+    plan = d.step()
+    assert second.cached_tokens == 19
+    assert plan.kv_trims == [KvTrim(first.seq_id, 19)]
+    (chunk,) = chunks_for(plan, second)
+    assert chunk.tokens == [second.prompt_ids[-1]] and chunk.sample
+
+
+def test_with_the_prefix_cache_off_a_finished_turn_frees_its_kv():
+    d = Driver(prefix_cache=False)
+    first = d.submit("t1", prompt(20, 1), max_tokens=3)
+    d.run()
+    assert d.fake.kv_used() == 0
+    assert KvTrim(first.seq_id, 0) in d.fake.trims
+    second = d.submit("t2", first.prompt_ids + first.output_ids)
+    d.run()
+    assert second.cached_tokens == 0
+
+
+def test_cached_turns_are_evicted_least_recently_used_under_kv_pressure():
+    d = Driver(n_ctx=100, ctx_per_seq=100)
+    older = d.submit("older", prompt(20, 1), max_tokens=10)
+    d.run()
+    newer = d.submit("newer", prompt(20, 2), max_tokens=10)
+    d.run()
+    assert d.sched.cache.idle_tokens == 58  # two cached turns of 29 tokens
+    big = d.submit("big", prompt(10, 3), max_tokens=40)  # reserves 50: 50 + 58 > 100
+    plan = d.step()
+    assert KvTrim(older.seq_id, 0) in plan.kv_trims
+    assert all(t.seq_id != newer.seq_id for t in plan.kv_trims)
+    assert big.seq_id not in (older.seq_id, newer.seq_id)
+    d.run()
+    assert d.fake.kv[older.seq_id] == []
+    # The newer turn survived: its conversation's next turn still hits the cache.
+    follow = d.submit("follow", newer.prompt_ids + newer.output_ids + prompt(3, 4))
+    d.run()
+    assert follow.cached_tokens == 29
+    assert d.fake.violations == []
+
+
+# --- a property over random workloads --------------------------------------------------------
+
+
+workload = st.lists(
+    st.tuples(
+        st.integers(1, 120),  # prompt length
+        st.integers(1, 30),  # max_tokens
+        st.integers(0, 40),  # arrival step
+        st.one_of(st.none(), st.integers(0, 60)),  # cancel at step
+        st.integers(0, 2),  # which of three shared prefixes the prompt starts with
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+@given(
+    workload=workload,
+    n_slots=st.integers(1, 5),
+    max_batch=st.integers(16, 96),
+    n_ctx=st.integers(128, 600),
+    chunked=st.booleans(),
+)
+def test_any_workload_keeps_the_contract_and_every_answer_is_what_it_would_be_alone(
+    workload, n_slots, max_batch, n_ctx, chunked
+):
+    ctx_per_seq = min(128, n_ctx)
+    d = Driver(
+        n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, max_batch=max_batch,
+        chunked=chunked,
+    )  # fmt: skip
+    arrivals: dict[int, list] = {}
+    for i, (length, max_tokens, at, cancel_at, family) in enumerate(workload):
+        length = min(length, ctx_per_seq - 1)
+        # Prompts of one family share a prefix, so the prefix cache has something to reuse.
+        ids = prompt(min(length, 10), family + 1)[:length] + prompt(length, 50 + i)[10:]
+        arrivals.setdefault(at, []).append((f"r{i}", ids, max_tokens, cancel_at))
+    requests: dict[str, Request] = {}
+    cancels: dict[int, list[str]] = {}
+    step = 0
+    while step <= 40 or d.sched.has_work:
+        assert step < 5000
+        for rid, ids, max_tokens, cancel_at in arrivals.get(step, []):
+            requests[rid] = d.submit(rid, ids, max_tokens)
+            if cancel_at is not None:
+                cancels.setdefault(step + cancel_at, []).append(rid)
+        for rid in cancels.get(step, []):
+            d.cancel(rid)
+        step += 1
+        decoding = [r for r in d.sched.running if r.status == Status.DECODING]
+        prefilling = {r.id: r.num_computed for r in d.sched.running}
+        plan = d.step()
+        assert plan.n_tokens <= max_batch
+        for request in decoding:
+            (chunk,) = chunks_for(plan, request)
+            assert len(chunk.tokens) == 1 and chunk.sample
+        for chunk in plan.chunks:
+            request = chunk.request
+            if request in decoding:
+                continue
+            assert chunk.start == prefilling.get(request.id, request.cached_tokens)
+            assert chunk.sample == (chunk.start + len(chunk.tokens) == request.prompt_len)
+        counts = d.sched.counts()
+        assert counts["kv_used"] <= n_ctx
+        assert counts["kv_reserved"] + d.sched.cache.idle_tokens <= n_ctx
+    assert d.fake.violations == []
+    d.assert_idle_and_empty()
+    for request in requests.values():
+        assert request.status in (Status.FINISHED, Status.CANCELLED)
+        if request.status == Status.FINISHED:
+            assert request.output_ids == reference_output(
+                request.prompt_ids, request.max_new_tokens
+            )

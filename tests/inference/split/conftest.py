@@ -1,0 +1,106 @@
+"""Split mode for real: Redis on 127.0.0.1:6379 (database 15, flushed once per session), real
+inference worker processes, and a SplitClient in the test process.
+
+Skipped only when that Redis does not answer (CI starts one)."""
+
+import time
+
+import pytest
+import redis
+
+from inference import split_protocol as protocol
+from inference.engine.host import ModelSpec
+from inference.engine.runner_config import RunnerConfig
+from tests.inference.split.workers import REDIS_URL, WorkerProcess
+
+
+@pytest.fixture(scope="session")
+def split_redis():
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis on 127.0.0.1:6379 does not answer: {exc}")
+    # Leftovers of an earlier run (queued tasks, heartbeats) would be served by our workers.
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def split_mode(settings, split_redis):
+    """This process's settings as a split-mode web process's."""
+    from appliance.celery import app
+
+    settings.REDIS_URL = REDIS_URL
+    settings.SPLIT_MODE = True
+    settings.CELERY_BROKER_URL = REDIS_URL
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
+        }
+    }
+    previous = app.conf.broker_url
+    app.conf.broker_url = REDIS_URL  # the Celery app read the settings at import
+    yield split_redis
+    app.conf.broker_url = previous
+
+
+@pytest.fixture
+def split_client(split_mode):
+    from inference import client as client_module
+    from inference.split_client import SplitClient
+
+    # The session's embedded client (and the model it holds) comes back afterwards; asking
+    # get_client() for it here would build a SplitClient, since the settings say split mode.
+    shared = client_module._client
+    client = SplitClient(REDIS_URL)
+    client_module.set_client(client)  # what get_client() returns in a split-mode web process
+    yield client
+    client_module.set_client(shared)
+
+
+@pytest.fixture(scope="session")
+def spec(starter_path) -> ModelSpec:
+    """The starter model with settings small enough for a shared 2-core box."""
+    config = RunnerConfig(
+        model_path=str(starter_path), ctx_per_seq=1024, parallel=4, cache_slots=2, n_threads=2
+    )
+    return ModelSpec("smollm2-135m-instruct", config, keep_alive=-1)
+
+
+@pytest.fixture
+def start_worker(tmp_path, split_redis):
+    """Start real workers (stopped at the end of the test); returns the WorkerProcess."""
+    started: list[WorkerProcess] = []
+
+    def start(*, wait: bool = True) -> WorkerProcess:
+        worker = WorkerProcess(tmp_path).start()
+        started.append(worker)
+        if wait:
+            worker.wait_until_alive()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_worker(tmp_path_factory, split_redis):
+    """One worker for a whole module of tests that do not kill it."""
+    no_workers_left(split_redis)
+    worker = WorkerProcess(tmp_path_factory.mktemp("workers")).start()
+    worker.wait_until_alive()
+    yield worker
+    worker.stop()
+
+
+def no_workers_left(client: redis.Redis, timeout: float = 30.0) -> None:
+    """Wait for heartbeats of workers of earlier tests to expire."""
+    deadline = time.monotonic() + timeout
+    while list(client.scan_iter(match=protocol.ALIVE_PATTERN)):
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers of earlier tests are still alive")
+        time.sleep(0.2)
