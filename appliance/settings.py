@@ -128,6 +128,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise serves from the finders; it only checks this exists
 WHITENOISE_USE_FINDERS = True  # serve static/ as is: no collectstatic step on a home box
 
 # Uploads stream to disk in chunks; nothing large is held in memory.

@@ -90,8 +90,10 @@ def live_appliance(tmp_path_factory):
         log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    # Module scope, not session: while Playwright's sync API is open it keeps an event loop
+    # running in the main thread, which breaks every later test that runs asyncio.
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

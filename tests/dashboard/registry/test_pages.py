@@ -85,7 +85,8 @@ def test_the_chat_template_is_shown_escaped(staff, models_dir):
 def test_the_estimate_is_shown_against_free_memory(staff, tiny_model):
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "Estimate for these settings" in page
-    assert "KV cache (1024 tokens, f16)" in page  # 256 per sequence x 4 sequences
+    # 256 per sequence x 8 slots: 4 running sequences and 4 that keep finished turns cached
+    assert "KV cache (2048 tokens, f16)" in page
     assert "Fits in the memory free now" in page
 
 

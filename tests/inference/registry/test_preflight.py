@@ -62,18 +62,19 @@ def test_a_load_that_cannot_fit_is_refused_with_the_numbers(starter_path, tiny_m
         host.load(spec(starter_path, ctx_per_seq=2048, parallel=4))
 
     message = str(refused.value)
-    # Weights (~94 MiB), the KV cache of 8192 tokens (30 layers x 3 KV heads x 64 x 2 x f16:
-    # 180 MiB) and what is free (1 MiB) are all in the message.
+    # Weights (~94 MiB), the KV cache of 16384 tokens (2048 for each of 4 running and 4 cached
+    # sequence slots; 30 layers x 3 KV heads x 64 x 2 x f16: 360 MiB) and what is free (1 MiB)
+    # are all in the message.
     assert "needs" in message and "1 MiB of RAM is free" in message
-    assert "KV cache 180 MiB" in message
+    assert "KV cache 360 MiB" in message
     assert "weights 92 MiB" in message
     assert factory.asked == []
 
 
 def test_a_load_that_fits_passes_with_its_estimate(starter_path):
-    estimate = preflight(spec(starter_path, ctx_per_seq=1024, parallel=2))
-    assert estimate.n_ctx_total == 2048
-    assert estimate.kv_cache_bytes == 2 * 30 * 2048 * 3 * 64 * 2
+    estimate = preflight(spec(starter_path, ctx_per_seq=1024, parallel=2, cache_slots=2))
+    assert estimate.n_ctx_total == 4096  # one 1024-token KV stream per sequence slot
+    assert estimate.kv_cache_bytes == 2 * 30 * 4096 * 3 * 64 * 2
 
 
 def test_the_micro_batch_is_never_counted_larger_than_the_batch(starter_path):
