@@ -1,0 +1,114 @@
+"""API keys: who may call the LAN API, with what scope, how often.
+
+Only `Authorization: Bearer <key>` authenticates (what the openai and ollama clients send);
+session cookies never do, so a page a browser visits cannot ride on a logged-in admin's session,
+and CSRF does not apply. Keys are looked up by their SHA-256 hash.
+"""
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db.models import Q
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+from dashboard.api.errors import ApiError, Dialect
+from dashboard.api.ratelimit import get_limiter
+from dashboard.models import ApiKey
+
+log = logging.getLogger(__name__)
+
+# last_used_at is written at most this often per key: not a database write per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+MAX_KEY_CHARS = 200
+
+View = Callable[..., Awaitable[HttpResponse]]
+
+
+def bearer_token(request: HttpRequest) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _lookup(raw: str) -> ApiKey | None:
+    key = ApiKey.objects.filter(key_hash=ApiKey.hash(raw), revoked=False).first()
+    if key is None:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+        # A conditional update: several processes racing write once, not once each.
+        stale = Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_RESOLUTION)
+        ApiKey.objects.filter(stale, pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+async def authenticate(request: HttpRequest, scope: str) -> ApiKey:
+    """The request's key, checked for scope and rate; raises ApiError (401, 403, 429)."""
+    raw = bearer_token(request)
+    if raw is None:
+        raise ApiError(
+            401, "an API key is required: send the header 'Authorization: Bearer <key>'",
+            code="missing_api_key", headers={"WWW-Authenticate": 'Bearer realm="appliance"'},
+        )  # fmt: skip
+    key = None if len(raw) > MAX_KEY_CHARS else await sync_to_async(_lookup)(raw)
+    if key is None:
+        raise ApiError(
+            401, "the API key is not valid or has been revoked", code="invalid_api_key",
+            headers={"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'},
+        )  # fmt: skip
+    if scope == ApiKey.Scope.ADMIN and key.scope != ApiKey.Scope.ADMIN:
+        raise ApiError(403, "this needs an API key with the admin scope", code="insufficient_scope")
+    wait = await get_limiter().hit(key.pk)
+    if wait is not None:
+        limit = settings.API_RATE_LIMIT_PER_MINUTE
+        raise ApiError(
+            429, f"rate limit reached: {limit} requests per minute for this key",
+            code="rate_limit_exceeded", retry_after=wait,
+        )  # fmt: skip
+    return key
+
+
+def api_endpoint(
+    *,
+    dialect: Dialect,
+    methods: tuple[str, ...] = ("GET",),
+    scope: str = ApiKey.Scope.CHAT,
+    public: Callable[[], bool] | None = None,
+) -> Callable[[View], View]:
+    """Wrap an async view: method check, key check (unless `public()` says it is open), and
+    ApiError (or a bug) → the dialect's error response. The key is left on `request.api_key`."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            try:
+                if request.method not in methods:
+                    raise ApiError(
+                        405, f"method {request.method} is not allowed here; use "
+                        f"{' or '.join(methods)}", headers={"Allow": ", ".join(methods)},
+                    )  # fmt: skip
+                request.api_key = None
+                if public is None or not public():
+                    request.api_key = await authenticate(request, scope)
+                return await view(request, *args, **kwargs)
+            except ApiError as exc:
+                return exc.response(dialect)
+            except Exception:
+                # A bug, not the client's fault: logged with its traceback, answered in the
+                # dialect's own error shape so the client's error handling still works.
+                log.exception("%s %s failed", request.method, request.path)
+                return ApiError(500, "internal error; the appliance's log has the details",
+                                code="internal_error").response(dialect)  # fmt: skip
+
+        return csrf_exempt(wrapper)
+
+    return decorate

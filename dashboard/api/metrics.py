@@ -1,0 +1,145 @@
+"""Prometheus /metrics, built from the inference workers' telemetry snapshots.
+
+The engines keep cumulative histograms and counters themselves (inference.engine.telemetry), so
+this process only translates the latest snapshot of each worker into metric families: it works
+the same whether the engine runs in this process or on another box. Names follow vLLM's, under
+an `appliance_` prefix; docs/metrics.md lists them. Counters restart from zero when a model is
+reloaded, which Prometheus' rate() treats as a counter reset.
+"""
+
+import asyncio
+from collections.abc import Callable, Iterator
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.utils import floatToGoString
+
+from dashboard.api.auth import api_endpoint
+from inference.client import get_client
+
+MODEL = ["worker", "model"]
+
+# engine snapshot histogram → (metric name, help)
+HISTOGRAMS = {
+    "ttft": ("appliance_time_to_first_token_seconds",
+             "Request accepted to first output token sent (queue + load + prefill)."),
+    "itl": ("appliance_inter_token_latency_seconds",
+            "Gap between two consecutive output tokens sent."),
+    "queue_time": ("appliance_request_queue_time_seconds",
+                   "Request accepted to admitted to the engine."),
+    "prefill_time": ("appliance_request_prefill_time_seconds",
+                     "First prefill chunk started to first output token sampled."),
+    "e2e": ("appliance_e2e_request_latency_seconds", "Request accepted to answer finished."),
+}  # fmt: skip
+
+# engine snapshot totals → (counter name without _total, help)
+TOTALS = {
+    "prompt_tokens": ("appliance_prompt_tokens",
+                      "Prompt tokens prefilled (tokens reused from the prefix cache excluded)."),
+    "cached_tokens": ("appliance_cached_prompt_tokens",
+                      "Prompt tokens reused from the KV prefix cache."),
+    "output_tokens": ("appliance_generation_tokens", "Output tokens generated."),
+}  # fmt: skip
+
+# engine snapshot field → (gauge name, help)
+MODEL_GAUGES = {
+    "active_sequences": ("appliance_requests_running", "Requests prefilling or decoding."),
+    "queue_depth": ("appliance_requests_waiting", "Requests waiting for admission."),
+    "kv_fill": ("appliance_kv_cache_usage_ratio", "Fraction of the KV cache cells in use."),
+    "prompt_tps": ("appliance_prompt_throughput_tokens_per_second",
+                   "Prompt tokens processed per second over the telemetry window."),
+    "output_tps": ("appliance_generation_throughput_tokens_per_second",
+                   "Output tokens generated per second over the telemetry window."),
+}  # fmt: skip
+
+
+def _buckets(histogram: dict) -> list[tuple[str, float]]:
+    pairs = zip(histogram["buckets"], histogram["cumulative"], strict=True)
+    return [(floatToGoString(le), float(count)) for le, count in pairs]
+
+
+class SnapshotCollector:
+    """Metric families from `source()`: one telemetry snapshot per inference worker."""
+
+    def __init__(self, source: Callable[[], list[dict]]):
+        self.source = source
+
+    def collect(self) -> Iterator:
+        snapshots = self.source()
+        histograms = {key: HistogramMetricFamily(name, doc, labels=MODEL)
+                      for key, (name, doc) in HISTOGRAMS.items()}  # fmt: skip
+        totals = {key: CounterMetricFamily(name, doc, labels=MODEL)
+                  for key, (name, doc) in TOTALS.items()}  # fmt: skip
+        gauges = {key: GaugeMetricFamily(name, doc, labels=MODEL)
+                  for key, (name, doc) in MODEL_GAUGES.items()}  # fmt: skip
+        outcomes = CounterMetricFamily("appliance_requests", "Requests ended, by outcome.",
+                                       labels=[*MODEL, "outcome"])  # fmt: skip
+        loaded = GaugeMetricFamily("appliance_models_loaded", "Models loaded.", labels=["worker"])
+        loading = GaugeMetricFamily("appliance_model_loading", "1 while a model is loading.",
+                                    labels=["worker"])  # fmt: skip
+        rss = GaugeMetricFamily("appliance_process_resident_memory_bytes",
+                                "Resident memory of the inference worker.",
+                                labels=["worker"])  # fmt: skip
+        mapped = GaugeMetricFamily("appliance_model_mapped_bytes",
+                                   "Size of the loaded model files (memory-mapped).",
+                                   labels=["worker"])  # fmt: skip
+        gpu = ["worker", "gpu"]
+        gpu_used = GaugeMetricFamily("appliance_gpu_memory_used_bytes",
+                                     "GPU memory in use (NVML), all processes.",
+                                     labels=gpu)  # fmt: skip
+        gpu_total = GaugeMetricFamily("appliance_gpu_memory_total_bytes", "GPU memory (NVML).",
+                                      labels=gpu)  # fmt: skip
+        gpu_own = GaugeMetricFamily("appliance_gpu_memory_process_bytes",
+                                    "GPU memory used by the inference worker.",
+                                    labels=gpu)  # fmt: skip
+
+        for snap in snapshots:
+            worker = str(snap.get("worker") or "")
+            for model, engine in (snap.get("models") or {}).items():
+                labels = [worker, model]
+                for key, family in histograms.items():
+                    histogram = (engine.get("histograms") or {}).get(key)
+                    if histogram:
+                        family.add_metric(labels, _buckets(histogram), histogram["sum"])
+                for key, family in totals.items():
+                    family.add_metric(labels, (engine.get("totals") or {}).get(key, 0))
+                for key, family in gauges.items():
+                    family.add_metric(labels, float(engine.get(key) or 0.0))
+                for outcome, count in (engine.get("outcomes") or {}).items():
+                    outcomes.add_metric([*labels, outcome], count)
+            loaded.add_metric([worker], len(snap.get("loaded") or []))
+            loading.add_metric([worker], 1.0 if snap.get("loading") else 0.0)
+            system = snap.get("system") or {}
+            rss.add_metric([worker], system.get("rss_bytes") or 0)
+            mapped.add_metric([worker], system.get("model_bytes") or 0)
+            for reading in system.get("gpus") or []:
+                labels = [worker, str(reading.get("index", ""))]
+                gpu_used.add_metric(labels, reading.get("used_bytes") or 0)
+                gpu_total.add_metric(labels, reading.get("total_bytes") or 0)
+                gpu_own.add_metric(labels, reading.get("process_bytes") or 0)
+
+        yield from histograms.values()
+        yield from totals.values()
+        yield outcomes
+        yield from gauges.values()
+        yield from (loaded, loading, rss, mapped, gpu_used, gpu_total, gpu_own)
+
+
+def render(source: Callable[[], list[dict]]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(source))
+    return generate_latest(registry)
+
+
+def _snapshots() -> list[dict]:
+    return get_client().snapshots()
+
+
+@api_endpoint(dialect="openai", public=lambda: settings.METRICS_PUBLIC)
+async def metrics(request: HttpRequest) -> HttpResponse:
+    # Snapshots read NVML and, in split mode, Redis: off the event loop.
+    body = await asyncio.to_thread(render, _snapshots)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,121 @@
+"""The registry and the loaded models in Ollama's shapes: /api/tags, /api/ps, /api/show."""
+
+from datetime import UTC, datetime, timedelta
+
+from dashboard.api.tools import template_renders_tools
+from inference.models import LLMModel
+
+# Ollama reports a model kept loaded for ever (keep_alive < 0) with an expiry centuries away.
+FOREVER = timedelta(days=365 * 290)
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def now_iso() -> str:
+    return iso(datetime.now(UTC))
+
+
+def tag_name(model: LLMModel) -> str:
+    return f"{model.name}:latest"
+
+
+def human_count(count: int | None) -> str:
+    """Ollama's parameter_size: 135M, 1.2B, 8B."""
+    if not count:
+        return ""
+    for unit, size, decimals in (("B", 1e9, 1), ("M", 1e6, 2), ("K", 1e3, 0)):
+        if count >= size:
+            value = count / size
+            return f"{value:.0f}{unit}" if value == int(value) else f"{value:.{decimals}f}{unit}"
+    return str(count)
+
+
+def details(model: LLMModel) -> dict:
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": model.architecture,
+        "families": [model.architecture] if model.architecture else None,
+        "parameter_size": human_count(model.parameter_count),
+        "quantization_level": model.quantization,
+    }
+
+
+def tag(model: LLMModel) -> dict:
+    return {
+        "name": tag_name(model),
+        "model": tag_name(model),
+        "modified_at": iso(model.last_used_at or model.created_at),
+        "size": model.size_bytes,
+        "digest": model.sha256,
+        "details": details(model),
+    }
+
+
+def _vram_bytes(size: int, model: LLMModel, runner: dict) -> int:
+    """The share of the weights offloaded to the GPU, from the layers setting."""
+    if not runner.get("gpu_offload") or model.n_gpu_layers == 0:
+        return 0
+    if model.n_gpu_layers < 0 or not model.layer_count:
+        return size
+    return int(size * min(1.0, model.n_gpu_layers / (model.layer_count + 1)))
+
+
+def process(row: dict, model: LLMModel | None, runner: dict, now: datetime) -> dict:
+    """One loaded model (a row of EngineHost.loaded() and its runner info) as `ollama ps`."""
+    expires_in = row.get("expires_in")
+    expires = now + (FOREVER if expires_in is None else timedelta(seconds=max(0.0, expires_in)))
+    size = int(row.get("size_bytes") or 0)
+    name = f"{row['name']}:latest"
+    return {
+        "name": name,
+        "model": name,
+        "size": size,
+        "digest": model.sha256 if model else "",
+        "details": details(model) if model else {"format": "gguf"},
+        "expires_at": iso(expires),
+        "size_vram": _vram_bytes(size, model, runner) if model else 0,
+        "context_length": runner.get("ctx_per_seq") or (model.n_ctx if model else None),
+    }
+
+
+def _parameters(model: LLMModel) -> str:
+    lines = []
+    for key, value in sorted((model.default_params or {}).items()):
+        for item in value if isinstance(value, list) else [value]:
+            lines.append(f"{key:<15} {item}")
+    return "\n".join(lines)
+
+
+def show(model: LLMModel) -> dict:
+    arch = model.architecture or "general"
+    info = {
+        "general.architecture": model.architecture,
+        "general.parameter_count": model.parameter_count,
+        "general.file_type": model.quantization,
+        f"{arch}.context_length": model.context_length,
+        f"{arch}.block_count": model.layer_count,
+        f"{arch}.embedding_length": model.embedding_length,
+        f"{arch}.attention.head_count": model.head_count,
+        f"{arch}.attention.head_count_kv": model.head_count_kv,
+    }
+    capabilities = ["completion"]
+    if template_renders_tools(model.effective_chat_template):
+        capabilities.append("tools")
+    modelfile = [f"FROM {model.name}"]
+    modelfile += [f"PARAMETER {line}" for line in _parameters(model).splitlines()]
+    if model.system_prompt:
+        modelfile.append(f'SYSTEM """{model.system_prompt}"""')
+    return {
+        "license": model.license,
+        "modelfile": "\n".join(modelfile) + "\n",
+        "parameters": _parameters(model),
+        "template": model.effective_chat_template,
+        "system": model.system_prompt,
+        "details": details(model),
+        "model_info": {k: v for k, v in info.items() if v not in (None, "")},
+        "capabilities": capabilities,
+        "modified_at": iso(model.last_used_at or model.created_at),
+    }

@@ -1,0 +1,225 @@
+"""Ollama-compatible endpoints: /api/tags, /api/ps, /api/show, /api/chat, /api/generate,
+/api/version and DELETE /api/delete.
+
+Answers stream as NDJSON by default (`stream: false` gives one object); the last line has
+`done: true`, the done reason and Ollama's timing fields in nanoseconds. An empty conversation
+or prompt loads the model (or, with keep_alive 0, unloads it), as Ollama does.
+"""
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.auth import api_endpoint
+from dashboard.api.errors import ApiError, from_event
+from dashboard.api.ollama_schemas import (
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaGenerationBase,
+    OllamaModelRequest,
+)
+from dashboard.api.ollama_shapes import now_iso, process, show, tag
+from dashboard.api.prompts import ChatPrompt, chat_prompt, raw_add_special
+from dashboard.api.runs import Run, resolve_model
+from dashboard.api.schemas import parse_body
+from dashboard.api.streaming import ndjson, stream_response
+from dashboard.api.timings import ollama_durations
+from dashboard.api.tools import ToolCallParser
+from dashboard.models import ApiKey
+from dashboard.registry import lifecycle
+from inference.client import get_client, refusal
+from inference.models import LLMModel
+from inference.registry import spec_for
+
+log = logging.getLogger(__name__)
+
+# The Ollama API level these endpoints follow; clients that gate features on it read this.
+OLLAMA_API_VERSION = "0.6.0"
+
+ollama_get = api_endpoint(dialect="ollama")
+ollama_post = api_endpoint(dialect="ollama", methods=("POST",))
+
+
+def _appliance_version() -> str:
+    try:
+        return version("homelab-appliance")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@ollama_get
+async def api_version(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"version": OLLAMA_API_VERSION, "appliance": _appliance_version()})
+
+
+@ollama_get
+async def tags(request: HttpRequest) -> JsonResponse:
+    models = await sync_to_async(list)(LLMModel.objects.all())
+    return JsonResponse({"models": [tag(m) for m in models]})
+
+
+def _running() -> list[dict]:
+    """Every loaded model on every inference worker, as `ollama ps` rows."""
+    snapshots = get_client().snapshots()
+    names = {row["name"] for snap in snapshots for row in snap.get("loaded", [])}
+    records = {m.name: m for m in LLMModel.objects.filter(name__in=names)}
+    now = datetime.now(UTC)
+    rows = []
+    for snap in snapshots:
+        for row in snap.get("loaded", []):
+            runner = (snap.get("models", {}).get(row["name"]) or {}).get("model") or {}
+            rows.append(process(row, records.get(row["name"]), runner, now))
+    return rows
+
+
+@ollama_get
+async def ps(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"models": await sync_to_async(_running)()})
+
+
+@ollama_post
+async def show_model(request: HttpRequest) -> JsonResponse:
+    body = parse_body(request, OllamaModelRequest)
+    if not body.target:
+        raise ApiError(400, "model is required", param="model")
+    return JsonResponse(show(await resolve_model(body.target)))
+
+
+# --- delete ------------------------------------------------------------------------------
+
+
+@api_endpoint(dialect="ollama", methods=("DELETE",), scope=ApiKey.Scope.ADMIN)
+async def delete_model(request: HttpRequest) -> JsonResponse:
+    body = parse_body(request, OllamaModelRequest)
+    if not body.target:
+        raise ApiError(400, "model is required", param="model")
+    model = await resolve_model(body.target)
+    try:
+        # The registry page's delete: unload if idle, then unregister (the file goes when it
+        # lives in the models directory; a packaged model is hidden).
+        outcome = await lifecycle.delete(model)
+    except lifecycle.Refused as exc:
+        raise ApiError(409, str(exc), code="model_in_use") from None
+    log.info("%s (through the API, key %s)", outcome, request.api_key.name)
+    return JsonResponse({"status": "success", "message": outcome})
+
+
+# --- load / unload (an empty conversation) -----------------------------------------------
+
+
+async def _load_or_unload(model: LLMModel, body: OllamaGenerationBase, shape: dict):
+    spec = spec_for(model)
+    if body.keep_alive is not None:
+        spec = dataclasses.replace(spec, keep_alive=body.keep_alive)
+    try:
+        if body.keep_alive == 0:
+            await get_client().unload(model.name)
+        else:
+            await get_client().load(spec)
+    except Exception as exc:  # noqa: BLE001 - a refused load or unload is an error status
+        raise from_event(refusal("", exc)) from None
+    reason = "unload" if body.keep_alive == 0 else "load"
+    line = {"model": body.model, "created_at": now_iso(), **shape, "done": True,
+            "done_reason": reason}  # fmt: skip
+    return _single(line, body.stream)
+
+
+def _single(line: dict, stream: bool) -> HttpResponse:
+    if stream:
+        return HttpResponse(ndjson(line), content_type="application/x-ndjson")
+    return JsonResponse(line)
+
+
+# --- chat and generate -------------------------------------------------------------------
+
+
+def _client_name(request: HttpRequest) -> str:
+    return request.api_key.name
+
+
+@ollama_post
+async def chat(request: HttpRequest) -> HttpResponse:
+    body = parse_body(request, OllamaChatRequest)
+    model = await resolve_model(body.model)
+    if not body.messages:
+        return await _load_or_unload(model, body, {"message": {"role": "assistant", "content": ""}})
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    prompt = await chat_prompt(model, messages, body.active_tools)
+    return await _generate(request, model, body, prompt, "message")
+
+
+@ollama_post
+async def generate(request: HttpRequest) -> HttpResponse:
+    body = parse_body(request, OllamaGenerateRequest)
+    model = await resolve_model(body.model)
+    if not body.prompt:
+        return await _load_or_unload(model, body, {"response": ""})
+    if body.raw:
+        prompt = ChatPrompt(body.prompt, raw_add_special(model, body.prompt), None)
+    else:
+        messages = [{"role": "user", "content": body.prompt}]
+        if body.system:
+            messages.insert(0, {"role": "system", "content": body.system})
+        prompt = await chat_prompt(model, messages, None)
+    return await _generate(request, model, body, prompt, "response")
+
+
+def _piece(key: str, text: str, calls: list | None = None) -> dict:
+    """The answer field of one line: chat has `message`, generate has `response`."""
+    if key == "response":
+        return {"response": text}
+    message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [call.ollama() for call in calls]
+    return {"message": message}
+
+
+async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str):
+    run = Run(model, prompt.text, body.sampling(), source="ollama",
+              client_name=_client_name(request), keep_alive=body.keep_alive,
+              add_special=prompt.add_special, cache_key=f"apikey:{request.api_key.pk}")  # fmt: skip
+    await run.start()
+    parser = prompt.tool_parser()
+    if body.stream:
+        return stream_response(_lines(run, body.model, key, parser), "application/x-ndjson")
+    async for _ in run.events():
+        pass
+    final = run.final or {}
+    if final.get("type") != "done":
+        raise from_event(final)
+    text, calls = final["text"], []
+    if parser:
+        text = parser.feed(text)
+        rest, calls = parser.finish()
+        text += rest
+    return JsonResponse(_last_line(body.model, key, text, calls, final))
+
+
+def _last_line(name: str, key: str, text: str, calls: list, done: dict) -> dict:
+    return {"model": name, "created_at": now_iso(), **_piece(key, text, calls), "done": True,
+            "done_reason": done["finish_reason"], **ollama_durations(done["figures"])}  # fmt: skip
+
+
+async def _lines(
+    run: Run, name: str, key: str, parser: ToolCallParser | None
+) -> AsyncIterator[bytes]:
+    try:
+        async for event in run.events():
+            if event["type"] == "token":
+                text = parser.feed(event["text"]) if parser else event["text"]
+                if text:
+                    yield ndjson({"model": name, "created_at": now_iso(), **_piece(key, text),
+                                  "done": False})  # fmt: skip
+            elif event["type"] == "done":
+                rest, calls = parser.finish() if parser else ("", [])
+                yield ndjson(_last_line(name, key, rest, calls, event))
+            elif event["type"] == "error":
+                yield ndjson(from_event(event).body("ollama"))
+                return
+    finally:
+        await run.close()  # a client that left mid-stream cancels its generation here

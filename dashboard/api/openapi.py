@@ -1,0 +1,177 @@
+"""The OpenAPI 3.1 description of the LAN API, served at /api/openapi.json.
+
+Request bodies come from the pydantic models that validate them (model_json_schema), so the
+description cannot drift from what the endpoints accept. Responses are described by their
+required fields only: the OpenAI and Ollama shapes carry more, and clients add fields over time.
+"""
+
+import functools
+
+from django.http import HttpRequest, JsonResponse
+from pydantic.json_schema import models_json_schema
+
+from dashboard.api import ollama_schemas, openai_schemas
+from dashboard.api.auth import api_endpoint
+
+REF = "#/components/schemas/{model}"
+BODIES = {
+    "ChatCompletionRequest": openai_schemas.ChatCompletionRequest,
+    "CompletionRequest": openai_schemas.CompletionRequest,
+    "OllamaChatRequest": ollama_schemas.OllamaChatRequest,
+    "OllamaGenerateRequest": ollama_schemas.OllamaGenerateRequest,
+    "OllamaModelRequest": ollama_schemas.OllamaModelRequest,
+}
+
+_OBJECT = {"type": "object"}
+MODEL_REF = REF.format(model="Model")
+RESPONSES = {
+    "OpenAIError": {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type"],
+            "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                           "param": {"type": ["string", "null"]},
+                           "code": {"type": ["string", "null"]}},
+        }},
+    },
+    "OllamaError": {"type": "object", "required": ["error"],
+                    "properties": {"error": {"type": "string"}}},
+    "ModelList": {"type": "object", "required": ["object", "data"],
+                  "properties": {"object": {"const": "list"},
+                                 "data": {"type": "array", "items": {"$ref": MODEL_REF}}}},
+    "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"],
+              "properties": {"id": {"type": "string"}, "object": {"const": "model"},
+                             "created": {"type": "integer"}, "owned_by": {"type": "string"}}},
+    "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"],
+                   "properties": {"choices": {"type": "array", "items": _OBJECT},
+                                  "usage": _OBJECT, "timings": _OBJECT}},
+    "OllamaAnswer": {"type": "object", "required": ["model", "created_at", "done"],
+                     "properties": {"done": {"type": "boolean"}, "done_reason": {"type": "string"},
+                                    "total_duration": {"type": "integer", "minimum": 0},
+                                    "eval_count": {"type": "integer", "minimum": 0}}},
+    "OllamaModels": {"type": "object", "required": ["models"],
+                     "properties": {"models": {"type": "array", "items": _OBJECT}}},
+    "OllamaShow": {"type": "object", "required": ["details", "model_info", "capabilities"]},
+    "OllamaVersion": {"type": "object", "required": ["version"],
+                      "properties": {"version": {"type": "string"}}},
+    "Status": {"type": "object", "required": ["status"]},
+}  # fmt: skip
+
+_STATUS_TEXT = {
+    400: "invalid request: the message names the field",
+    401: "missing, invalid or revoked API key",
+    403: "the key's scope does not allow this",
+    404: "unknown model",
+    409: "the model is answering a request",
+    413: "request body too large",
+    429: "rate limit or engine queue full: see Retry-After",
+    503: "the engine is unavailable or the model could not be loaded",
+}
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _errors(dialect: str, codes: tuple[int, ...]) -> dict:
+    schema = _ref("OpenAIError" if dialect == "openai" else "OllamaError")
+    out = {}
+    for code in codes:
+        out[str(code)] = {"description": _STATUS_TEXT[code],
+                          "content": {"application/json": {"schema": schema}}}  # fmt: skip
+        if code == 429:
+            out[str(code)]["headers"] = {"Retry-After": {"schema": {"type": "integer"}}}
+    return out
+
+
+def _operation(summary: str, dialect: str, ok: dict, *, body: str | None = None,
+               errors: tuple[int, ...] = (401, 429), tag: str) -> dict:  # fmt: skip
+    operation = {
+        "summary": summary,
+        "tags": [tag],
+        "responses": {"200": {"description": "OK", "content": ok}, **_errors(dialect, errors)},
+    }
+    if body:
+        content = {"application/json": {"schema": _ref(body)}}
+        operation["requestBody"] = {"required": True, "content": content}
+    return operation
+
+
+def _json(name: str) -> dict:
+    return {"application/json": {"schema": _ref(name)}}
+
+
+_GENERATION_ERRORS = (400, 401, 404, 413, 429, 503)
+
+
+@functools.cache
+def build() -> dict:
+    _, definitions = models_json_schema(
+        [(model, "validation") for model in BODIES.values()], ref_template=REF
+    )
+    components = {**definitions.get("$defs", {}), **RESPONSES}
+    sse = {**_json("Completion"), "text/event-stream": {"schema": {"type": "string"}}}
+    lines = {**_json("OllamaAnswer"), "application/x-ndjson": {"schema": {"type": "string"}}}
+    o, ol = "openai", "ollama"
+    paths = {
+        "/v1/models": {"get": _operation("List models", o, _json("ModelList"), tag="OpenAI")},
+        "/v1/models/{model_id}": {
+            "get": {**_operation("One model", o, _json("Model"), errors=(401, 404, 429),
+                                 tag="OpenAI"),
+                    "parameters": [{"name": "model_id", "in": "path", "required": True,
+                                    "schema": {"type": "string", "minLength": 1}}]},
+        },
+        "/v1/chat/completions": {"post": _operation(
+            "Chat completion, streamed as server-sent events with stream: true", o, sse,
+            body="ChatCompletionRequest", errors=_GENERATION_ERRORS, tag="OpenAI")},
+        "/v1/completions": {"post": _operation(
+            "Text completion of a raw prompt", o, sse, body="CompletionRequest",
+            errors=_GENERATION_ERRORS, tag="OpenAI")},
+        "/api/tags": {"get": _operation("Registered models", ol, _json("OllamaModels"),
+                                        tag="Ollama")},
+        "/api/ps": {"get": _operation("Loaded models", ol, _json("OllamaModels"), tag="Ollama")},
+        "/api/show": {"post": _operation("A model's details", ol, _json("OllamaShow"),
+                                         body="OllamaModelRequest",
+                                         errors=(400, 401, 404, 413, 429),
+                                         tag="Ollama")},
+        "/api/chat": {"post": _operation(
+            "Chat, streamed as NDJSON unless stream: false", ol, lines,
+            body="OllamaChatRequest", errors=_GENERATION_ERRORS, tag="Ollama")},
+        "/api/generate": {"post": _operation(
+            "Generate from a prompt, streamed as NDJSON unless stream: false", ol, lines,
+            body="OllamaGenerateRequest", errors=_GENERATION_ERRORS, tag="Ollama")},
+        "/api/version": {"get": _operation("API version", ol, _json("OllamaVersion"),
+                                           tag="Ollama")},
+        "/api/delete": {"delete": _operation(
+            "Delete a model (admin keys only)", ol, _json("Status"), body="OllamaModelRequest",
+            errors=(400, 401, 403, 404, 409, 413, 429, 503), tag="Ollama")},
+        "/metrics": {"get": _operation(
+            "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
+            {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},
+        "/api/openapi.json": {"get": {
+            "summary": "This description", "tags": ["Monitoring"], "security": [],
+            "responses": {"200": {"description": "OK", "content": {"application/json": {
+                "schema": {"type": "object"}}}}},
+        }},
+    }  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Home-lab appliance LAN API",
+            "version": "1",
+            "description": "OpenAI- and Ollama-compatible endpoints for home apps. Every "
+            "endpoint but this description needs `Authorization: Bearer <key>`.",
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearerAuth": []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+        },
+        "paths": paths,
+    }
+
+
+@api_endpoint(dialect="openai", public=lambda: True)
+async def openapi_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(build())

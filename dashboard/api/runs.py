@@ -1,0 +1,139 @@
+"""One generation through the inference client, from its first event to its stored record.
+
+`start()` waits for the first event, so a refusal (bad parameters, prompt too long, engine busy,
+load failure) becomes an HTTP status before any response byte is sent. `events()` yields the
+rest. However the run ends (answer done, error, or the HTTP client leaving mid-stream),
+`close()` leaves the client's stream, which cancels a generation still running and frees its
+sequence, and stores the request's figures (inference.history.record_request: a RequestRecord).
+"""
+
+import logging
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+
+from dashboard.api.errors import ApiError, from_event
+from inference.client import get_client
+from inference.generation import Generation
+from inference.history import record_request
+from inference.models import LLMModel
+from inference.registry import UnknownModel, resolve, spec_for
+
+log = logging.getLogger(__name__)
+
+
+async def resolve_model(name: str | None) -> LLMModel:
+    try:
+        return await sync_to_async(resolve)(name or None)
+    except UnknownModel as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+
+
+class Run:
+    def __init__(
+        self,
+        model: LLMModel,
+        prompt: str,
+        params: dict,
+        *,
+        source: str,
+        client_name: str,
+        keep_alive: float | None = None,
+        add_special: bool = True,
+        cache_key: str | None = None,
+    ):
+        self.model = model
+        self.generation = Generation(
+            model=model.name, prompt=prompt, params={**_model_defaults(model), **params},
+            keep_alive=keep_alive, add_special=add_special, cache_key=cache_key,
+        )  # fmt: skip
+        self.source = source
+        self.client_name = client_name
+        self._stream = get_client().stream(self.generation, spec_for(model))
+        self._first: dict | None = None
+        self.final: dict | None = None  # the done or error event
+        self.output_tokens = 0
+        self._closed = False
+
+    @property
+    def id(self) -> str:
+        return self.generation.request_id
+
+    async def start(self) -> None:
+        """Wait for the first event; raises ApiError if the request was refused."""
+        try:
+            event = await anext(self._stream, None)
+        except BaseException:
+            await self.close()
+            raise
+        if event is None:
+            event = {"type": "error", "message": "the inference client ended without an answer"}
+        self._see(event)
+        if event["type"] == "error":
+            await self.close()
+            raise from_event(event)
+        self._first = event
+
+    async def events(self) -> AsyncIterator[dict]:
+        """Every event after start() (its first one included), up to done or error."""
+        try:
+            if self._first is not None:
+                event, self._first = self._first, None
+                yield event
+            while self.final is None:
+                event = await anext(self._stream, None)
+                if event is None:
+                    event = {"type": "error", "message": "the answer ended without a result"}
+                self._see(event)
+                yield event
+        finally:
+            await self.close()
+
+    def _see(self, event: dict) -> None:
+        if event["type"] == "token":
+            self.output_tokens += 1
+        elif event["type"] in ("done", "error"):
+            self.final = event
+
+    async def close(self) -> None:
+        """Leave the stream (cancelling a generation still running) and store the record."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._record()
+
+    async def _record(self) -> None:
+        final = self.final
+        if final is None:
+            outcome, error = "cancelled", "the client disconnected before the answer ended"
+            figures = {"output_tokens": self.output_tokens}
+        elif final["type"] == "done":
+            outcome, error, figures = final["finish_reason"], "", final.get("figures") or {}
+        else:
+            outcome, error, figures = "error", final.get("message", ""), final.get("figures") or {}
+        try:
+            await sync_to_async(record_request)(
+                request_id=self.id, model_name=self.model.name, source=self.source,
+                client=self.client_name, outcome=outcome, figures=figures, error=error,
+                accepted_wall=self.generation.accepted_wall,
+            )  # fmt: skip
+        except Exception:  # noqa: BLE001 - history is best effort; the answer has been given
+            log.exception("could not store the figures of request %s", self.id)
+
+
+_SAMPLING_FIELDS = {
+    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+    "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop",
+}  # fmt: skip
+
+
+def _model_defaults(model: LLMModel) -> dict:
+    """The admin's per-model sampling defaults, under whatever the request sets."""
+    defaults = model.default_params if isinstance(model.default_params, dict) else {}
+    params = {k: v for k, v in defaults.items() if k in _SAMPLING_FIELDS}
+    if isinstance(params.get("stop"), list):
+        params["stop"] = tuple(params["stop"])
+    return params
