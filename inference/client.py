@@ -72,6 +72,11 @@ def make_host() -> EngineHost:
     )
 
 
+def _cancel_when_submitted(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is None:
+        future.result().cancel()
+
+
 class EmbeddedClient:
     """The engine in this process: the README's quick start, and the test suite's default."""
 
@@ -84,12 +89,19 @@ class EmbeddedClient:
         rid = generation.request_id
         try:
             params = SamplingParams(**generation.params)
-            handle = await asyncio.to_thread(
+            submitting = asyncio.ensure_future(asyncio.to_thread(
                 self.host.submit, spec, generation.prompt, params,
                 keep_alive=generation.keep_alive, accepted_at=generation.accepted_perf(),
                 request_id=rid, cache_key=generation.cache_key,
                 add_special=generation.add_special,
-            )  # fmt: skip
+            ))  # fmt: skip
+            try:
+                handle = await asyncio.shield(submitting)
+            except asyncio.CancelledError:
+                # The listener left while the model was loading: the submit still completes
+                # in its thread, so cancel the request as soon as it exists.
+                submitting.add_done_callback(_cancel_when_submitted)
+                raise
         except TypeError as exc:  # an unknown sampling field
             yield error_event(rid, "invalid", str(exc))
             return

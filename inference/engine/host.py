@@ -79,6 +79,9 @@ class EngineHost:
         with self._lock:
             current = self._loaded.get(spec.name)
             if current is not None:
+                # Like Ollama, each request's keep-alive (the model's default when it names
+                # none) replaces the last one.
+                current.keep_alive = spec.keep_alive
                 current.last_used = time.perf_counter()
                 return current.engine, time.perf_counter() - started
             if self.validate is not None:

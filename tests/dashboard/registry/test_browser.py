@@ -1,66 +1,27 @@
 """The registry pages in a real browser (Debian's chromium) against a live appliance: an upload
 over XHR with its progress bar, the hash arriving live, and a real load of the starter model."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-import httpx
 import pytest
 from playwright.sync_api import expect
 
 from tests.inference.registry.ggufs import tiny_gguf
+from tests.live import ROOT, LiveAppliance
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]
 
-ROOT = Path(__file__).resolve().parents[3]
 PASSWORD = "pw-registry-browser-1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory):
-    """`manage.py serve` (migrate, bootstrap with the starter model, Daphne) in a subprocess."""
-    data_dir = tmp_path_factory.mktemp("registry-live")
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")},
-        "DJANGO_SETTINGS_MODULE": "appliance.settings", "APPLIANCE_DATA_DIR": str(data_dir),
-        "ADMIN_PASSWORD": PASSWORD, "ENGINE_THREADS": "2",
-    }  # fmt: skip
-    log = open(data_dir / "serve.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--port", str(port)],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    """`manage.py serve` (migrate, bootstrap with the starter model, Daphne) in a subprocess;
+    the tests get its URL."""
+    live = LiveAppliance(tmp_path_factory.mktemp("registry-live"), ADMIN_PASSWORD=PASSWORD)
+    live.start(setup=True)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert process.poll() is None, (data_dir / "serve.log").read_text()
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the appliance did not start"
-            time.sleep(0.3)
-        yield url
+        yield live.url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        live.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,61 @@
+"""The embedded inference client: events as dicts, refusals as error events, early exits cancel."""
+
+import asyncio
+
+from inference.client import EmbeddedClient
+from inference.engine.host import EngineHost
+from inference.generation import Generation
+from tests.inference.engine.fakes import wait_until
+from tests.inference.engine.test_host import Factory, spec
+
+
+def make_client(load_s: float = 0.0) -> tuple[EmbeddedClient, Factory]:
+    factory = Factory(load_s=load_s)
+    return EmbeddedClient(EngineHost(factory, max_loaded=1)), factory
+
+
+async def test_a_stream_yields_event_dicts_ending_with_done():
+    client, _ = make_client()
+    try:
+        generation = Generation(model="m", prompt="hello", params={"max_tokens": 4})
+        events = [e async for e in client.stream(generation, spec("m"))]
+        assert [e["type"] for e in events][-1] == "done"
+        assert sum(e["type"] == "token" for e in events) == 4
+        assert events[-1]["figures"]["output_tokens"] == 4
+    finally:
+        client.host.shutdown()
+
+
+async def test_bad_params_come_back_as_one_error_event_naming_the_field():
+    client, factory = make_client()
+    try:
+        generation = Generation(model="m", prompt="hello", params={"temperature": -2})
+        events = [e async for e in client.stream(generation, spec("m"))]
+        assert len(events) == 1 and events[0]["code"] == "invalid"
+        assert events[0]["field"] == "temperature"
+        assert factory.built == {}  # refused before any model was loaded
+    finally:
+        client.host.shutdown()
+
+
+async def test_leaving_while_the_model_loads_cancels_the_request_once_it_exists():
+    client, factory = make_client(load_s=0.5)
+    try:
+        generation = Generation(model="m", prompt="hello", params={"max_tokens": 200})
+
+        async def listen() -> None:
+            async for _ in client.stream(generation, spec("m", overhead=0.01)):
+                pass
+
+        task = asyncio.create_task(listen())
+        await asyncio.sleep(0.1)  # inside the load
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert await asyncio.to_thread(wait_until, lambda: "m" in factory.built, 5.0)
+        engine = client.host.get("m")
+        assert await asyncio.to_thread(wait_until, lambda: not engine.busy, 5.0)
+        runner = factory.built["m"][0]
+        assert generation.request_id in runner.released
+        assert engine.snapshot()["outcomes"]["cancelled"] == 1
+    finally:
+        client.host.shutdown()
