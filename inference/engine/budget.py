@@ -55,10 +55,12 @@ class StepCostModel:
 class TokenBudget:
     itl_target: float  # seconds
     max_batch: int  # the context's n_batch: the most tokens one llama_decode call takes
-    min_chunk: int = 8  # a prefill always advances by at least this much, so nothing starves
+    min_chunk: int = 1  # a prefill always advances by at least this much, so nothing starves
     safety: float = 0.8  # headroom for noise and the work between steps
     chunked: bool = True  # False: whole prompts in one step (the baseline it is measured against)
     cost: StepCostModel | None = None
+    # What mixed steps (decodes plus prompt chunks) measurably allow; None until one ran.
+    mixed: float | None = None
 
     def __post_init__(self) -> None:
         if self.cost is None:
@@ -68,9 +70,19 @@ class TokenBudget:
         """How many tokens the next step may carry, given how many sequences are decoding."""
         if decoding == 0 or not self.chunked:
             return self.max_batch
-        allowed = (self.itl_target * self.safety - self.cost.overhead) / self.cost.per_token
+        if self.mixed is not None:
+            allowed = self.mixed
+        else:
+            allowed = (self.itl_target * self.safety - self.cost.overhead) / self.cost.per_token
         floor = decoding + self.min_chunk
         return min(self.max_batch, max(floor, int(allowed)))  # a step never exceeds n_batch
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, decoding: int = 0) -> None:
+        """Record a step. Steps that carried decodes and prompt chunks together also correct
+        the budget directly: the linear model cannot follow a cost per token that rises as a
+        prompt gets deeper (attention) and that is higher in small batches than in large
+        ones, so the budget scales the last mixed step's size to the target, smoothed."""
         self.cost.observe(tokens, seconds)
+        if decoding and tokens > decoding and seconds > 0:
+            fitting = tokens * self.itl_target * self.safety / seconds
+            self.mixed = fitting if self.mixed is None else 0.5 * (self.mixed + fitting)

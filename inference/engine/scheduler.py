@@ -31,16 +31,13 @@ class Chunk:
     start: int  # the sequence position of tokens[0]
     sample: bool
 
-    @property
-    def is_decode(self) -> bool:
-        return self.request.status == Status.DECODING
-
 
 @dataclass(slots=True)
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
     kv_trims: list[KvTrim] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
+    decodes: int = 0  # the first `decodes` chunks are one decode token each
 
     @property
     def n_tokens(self) -> int:
@@ -107,9 +104,9 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
-        plan = StepPlan(kv_trims=self._pending_trims)
-        self._pending_trims = []
         decoding = [r for r in self.running if r.status == Status.DECODING]
+        plan = StepPlan(kv_trims=self._pending_trims, decodes=len(decoding))
+        self._pending_trims = []
         budget = self.budget.tokens(len(decoding))
 
         # 1. One token for every decoding sequence, always: nobody's stream stalls.

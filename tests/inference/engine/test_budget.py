@@ -110,3 +110,24 @@ def test_the_budget_observes_through_to_its_cost_model():
     for tokens in (1, 50, 1, 50, 1, 50):
         budget.observe(tokens, 0.002 + 0.0004 * tokens)
     assert budget.cost.per_token == pytest.approx(0.0004, rel=1e-6)
+
+
+def test_a_mixed_step_that_ran_over_the_target_shrinks_the_next_one_in_proportion():
+    budget = TokenBudget(0.1, 512, safety=1.0)
+    budget.observe(20, 0.2, decoding=1)  # twice the target for 20 tokens
+    assert budget.tokens(1) == 10
+
+
+def test_mixed_steps_are_smoothed_and_decode_only_steps_leave_the_budget_alone():
+    budget = TokenBudget(0.1, 512, safety=1.0)
+    budget.observe(20, 0.1, decoding=1)  # exactly on target: 20 fit
+    budget.observe(20, 0.05, decoding=1)  # half the target: 40 would fit
+    assert budget.tokens(1) == 30
+    budget.observe(1, 0.5, decoding=1)  # a slow decode-only step is not a prefill measurement
+    assert budget.tokens(1) == 30
+
+
+def test_the_mixed_budget_never_drops_below_one_prompt_token_per_step():
+    budget = TokenBudget(0.1, 512)
+    budget.observe(5, 10.0, decoding=4)
+    assert budget.tokens(4) == 5  # every decoder's token and one prompt token: never a stall
