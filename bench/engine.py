@@ -223,8 +223,9 @@ def main() -> None:
     results = {}
     main_engine = engine()
     runner = main_engine.runner
+    # The engine's own settings: same threads, batch sizes and attention kernel (flash attention).
     raw_llm = Llama(args.model, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=args.threads,
-                    n_threads_batch=args.threads, verbose=False)  # fmt: skip
+                    n_threads_batch=args.threads, flash_attn=True, verbose=False)  # fmt: skip
 
     e, r = bench_prefill(main_engine, raw_llm, runner, args.rounds)
     log(f"prefill 512 tokens: engine {e:.0f} tok/s, raw Llama.eval {r:.0f} tok/s")

@@ -17,6 +17,7 @@ def new_context(model, *, n_ctx: int, n_batch: int, n_seq: int, threads: int):
     params.n_seq_max = n_seq
     params.n_threads = params.n_threads_batch = threads
     params.no_perf = True
+    params.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_AUTO  # as the engine's runner
     ctx = ll.llama_init_from_model(model, params)
     if not ctx:
         raise RuntimeError("could not create a raw context")
