@@ -109,8 +109,14 @@ try:
 except ValueError as exc:
     raise ConfigError(f"DATABASE_URL is not a database URL: {exc}") from exc
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # Several threads (engine events, jobs, web) write: wait for the lock instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Several threads (chat streams, jobs, the web) write at once in embedded mode: WAL lets
+    # readers go on beside a writer, IMMEDIATE takes the write lock up front (no failed lock
+    # upgrades), and the timeout waits for a busy lock instead of failing.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=20,
+        transaction_mode="IMMEDIATE",
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    )
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
