@@ -86,6 +86,10 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
         Job.objects.filter(model=model, kind=Job.Kind.HASH,
                            state__in=[Job.State.PENDING, Job.State.RUNNING]).first()
     )  # fmt: skip
+    if hash_job is None and not model.sha256:
+        # The job may have finished since the model was read (it saves the hash, then ends):
+        # read the hash again rather than show "not computed" with nothing polling.
+        model.refresh_from_db(fields=["sha256"])
     return render(request, "registry/detail.html", {
         "model": model,
         "form": form,
