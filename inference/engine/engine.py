@@ -277,9 +277,10 @@ class Engine:
         """One iteration: schedule → run → update."""
         now = time.perf_counter()
         plan = self.scheduler.schedule(now)
-        # Counts before the pending decrement: `busy` must never read idle while an admitted
-        # request prefills (the keep-alive sweep would unload the model under it).
-        self._counts = self.scheduler.counts()
+        if plan.admitted:
+            # Counts before the pending decrement: `busy` must never read idle while an
+            # admitted request prefills (the keep-alive sweep would unload the model under it).
+            self._counts = self.scheduler.counts()
         for request in plan.admitted:
             self._admitted(request)
         self.runner.trim(plan.kv_trims)

@@ -101,6 +101,7 @@ class LlamaRunner:
         self._samplers: dict[str, ll.llama_sampler_p] = {}
         self._pieces: dict[int, bytes] = {}
         self._closed = False
+        self._info = self._read_info()
 
     # --- text --------------------------------------------------------------------------------
 
@@ -209,6 +210,11 @@ class LlamaRunner:
     # --- facts -------------------------------------------------------------------------------
 
     def info(self) -> dict:
+        """Facts about the loaded model; read once at load, so telemetry snapshots (several a
+        second) cost no llama.cpp calls and stay readable after close()."""
+        return dict(self._info)
+
+    def _read_info(self) -> dict:
         desc = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, desc, 256)
         return {
