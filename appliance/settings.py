@@ -164,7 +164,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # import, hashing, downloads, retention) to "jobs". Task names are explicit so routes stay true.
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
 CELERY_TASK_ROUTES = {"inference.generate": {"queue": "inference"}}
-CELERY_IMPORTS = ["inference.worker", "inference.tasks"]
+CELERY_IMPORTS = ["inference.serving.worker", "inference.tasks"]
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
     # Workers sweep their own keep-alive; this is the safety net the beat keeps.

@@ -28,15 +28,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.models import Conversation, Message
-from inference.client import get_client
 from inference.engine.host import ModelSpec
 from inference.engine.params import SamplingParams
-from inference.generation import Generation
 from inference.gguf.chat_template import ChatTemplateError
 from inference.history import record_request
 from inference.models import LLMModel
 from inference.prompting import render_prompt
 from inference.registry import UnknownModel, resolve, spec_for
+from inference.serving.client import get_client
+from inference.serving.generation import Generation
 
 log = logging.getLogger(__name__)
 

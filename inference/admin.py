@@ -22,7 +22,7 @@ def loaded_names() -> dict[str, dict]:
     """Loaded models by name, from every inference worker's snapshot; read at most once a
     second, since the change list asks for every row."""
     global _loaded_cache
-    from inference.client import get_client
+    from inference.serving.client import get_client
 
     client = get_client()
     read_at, read_from, rows = _loaded_cache

@@ -22,8 +22,8 @@ from urllib.parse import unquote, urlsplit
 import httpx
 from django.conf import settings
 
-from inference.gguf import GGUFError, read_gguf
-from inference.importing import ImportRefused, free_path, register_file, safe_filename
+from inference.gguf import GGUFError
+from inference.importing import ImportRefused, install_file, safe_filename
 from inference.jobs import JobCancelled, JobProgress
 from inference.models import Job, LLMModel
 
@@ -90,7 +90,8 @@ def download_model(
         progress.start("connecting")
         digest = _fetch_with_retries(job.source, part, progress, attempts, backoff)
         progress.check()
-        model = _install(part, job.source, digest)
+        model = install_file(part, filename_for(job.source), source=LLMModel.Source.URL,
+                             sha256=digest)  # fmt: skip
         progress.finish(f"registered as {model.name}", model=model)
         return model
     except JobCancelled:
@@ -206,18 +207,3 @@ def _check_disk(directory: Path, needed: int) -> None:
             f"not enough disk space: the file needs {needed / (1 << 20):.0f} MiB more, "
             f"{free / (1 << 20):.0f} MiB is free"
         )
-
-
-def _install(part: Path, url: str, digest: str) -> LLMModel:
-    """Validate the complete file, rename it into place and register it."""
-    read_gguf(part)  # truncated or corrupt: GGUFError, and the partial file goes
-    final = free_path(filename_for(url))
-    os.replace(part, final)
-    try:
-        model = register_file(final, source=LLMModel.Source.URL, hash_file=False)
-    except BaseException:
-        final.unlink(missing_ok=True)  # no file without its record
-        raise
-    LLMModel.all_objects.filter(pk=model.pk).update(sha256=digest)
-    model.sha256 = digest
-    return model

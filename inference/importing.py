@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
+from inference.jobs import JobCancelled, JobProgress
 from inference.models import Job, LLMModel
 from inference.preflight import estimate_for_settings
 from inference.starter import packaged_models
@@ -39,6 +40,9 @@ KEEP_LIST_ITEMS = 256
 KEEP_STRING_CHARS = 4096
 
 Progress = Callable[[int, int], None]  # (bytes done, bytes total)
+# Starts a hash job for a model: inference.tasks.schedule_hash. Passed in, because the job is a
+# task that wraps this module's hash_model_job, and the tasks module depends on this one.
+ScheduleHash = Callable[[LLMModel], Job]
 
 
 class ImportRefused(ValueError):
@@ -230,6 +234,35 @@ def register_file(
     return model
 
 
+def install_file(
+    partial: str | os.PathLike[str],
+    filename: str,
+    *,
+    source: str,
+    name: str | None = None,
+    sha256: str = "",
+) -> LLMModel:
+    """Validate a complete file that arrived in the models directory (an upload, a download, a
+    copy), rename it into place as a free variant of `filename` and register it, storing
+    `sha256` when the caller hashed it on the way (empty: for a hash job).
+
+    Raises GGUFError with `partial` left where it is (the caller removes it), ImportRefused for
+    a bad or taken name; a file that cannot be registered is removed, never left unrecorded.
+    """
+    read_gguf(partial)  # before it becomes a model file
+    target = free_path(filename)
+    os.replace(partial, target)  # same directory: atomic
+    try:
+        model = register_file(target, source=source, name=name, hash_file=False)
+    except BaseException:
+        target.unlink(missing_ok=True)  # no file without its record
+        raise
+    if sha256:
+        LLMModel.all_objects.filter(pk=model.pk).update(sha256=sha256)
+        model.sha256 = sha256
+    return model
+
+
 def _refresh(model: LLMModel, fields: dict, *, hash_file: bool, progress: Progress | None):
     changed = model.size_bytes != fields["size_bytes"]
     for key, value in fields.items():
@@ -282,14 +315,14 @@ def register_packaged_models() -> list[LLMModel]:
     return registered
 
 
-def scan_models_dir() -> list[LLMModel]:
+def scan_models_dir(schedule_hash: ScheduleHash) -> list[LLMModel]:
     """Register new .gguf files under MODELS_DIR (idempotent); invalid files are skipped with
     the reason logged. New models are hashed by jobs, so a start is not held up by hashing."""
-    new, _ = scan_report()
+    new, _ = scan_report(schedule_hash)
     return new
 
 
-def scan_report() -> tuple[list[LLMModel], list[tuple[str, str]]]:
+def scan_report(schedule_hash: ScheduleHash) -> tuple[list[LLMModel], list[tuple[str, str]]]:
     """(models registered now, [(path, reason) of every file skipped as invalid])."""
     root = models_dir()
     known = set(LLMModel.all_objects.values_list("file_path", flat=True))
@@ -311,7 +344,7 @@ def scan_report() -> tuple[list[LLMModel], list[tuple[str, str]]]:
         new.append(model)
     for model in new:
         schedule_hash(model)
-    _resume_hashing(exclude={m.pk for m in new})
+    _resume_hashing(schedule_hash, exclude={m.pk for m in new})
     clean_partial_files()
     return new, skipped
 
@@ -330,7 +363,7 @@ def _active_jobs(kind: str):
     )
 
 
-def _resume_hashing(exclude: set[int]) -> None:
+def _resume_hashing(schedule_hash: ScheduleHash, exclude: set[int]) -> None:
     """Models left unhashed by a job that died (a restart mid-hash) get a new job."""
     hashing = set(_active_jobs(Job.Kind.HASH).values_list("model_id", flat=True))
     for model in LLMModel.objects.filter(sha256="").exclude(pk__in=hashing | exclude):
@@ -360,26 +393,12 @@ def clean_partial_files() -> list[str]:
     return removed
 
 
-# 5. Hash jobs.
-
-
-def schedule_hash(model: LLMModel) -> Job:
-    """A job that hashes the model's file, with progress (run after the transaction commits)."""
-    from inference import tasks
-    from inference.dispatch import dispatch
-
-    job = Job.objects.create(
-        kind=Job.Kind.HASH, model=model, source=model.file_path, message="waiting to hash"
-    )
-    dispatch(tasks.hash_model, job.id)
-    return job
+# 5. Hash jobs (started by inference.tasks.schedule_hash).
 
 
 def hash_model_job(job_id: int) -> str | None:
     """Run a hash job: the model's sha256 stored, the job done. Idempotent: a finished job or
     an already hashed model is left as it is."""
-    from inference.jobs import JobCancelled, JobProgress
-
     job = Job.objects.select_related("model").filter(pk=job_id).first()
     if job is None or job.state in (Job.State.DONE, Job.State.CANCELLED):
         return None

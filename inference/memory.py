@@ -4,8 +4,11 @@ The estimate has three parts, each an upper bound that is close for llama.cpp:
 
 1. Weights: the tensor data, byte for byte (mmapped on the CPU, copied to the GPU when offloaded).
 2. KV cache: 2 (K and V) x layers x n_ctx_total x head_count_kv x head_dim x bytes per element,
-   with separate K and V head sizes where the model states them. n_ctx_total is the whole
-   context; llama.cpp splits it among `parallel` sequences, so parallelism does not grow it.
+   with separate K and V head sizes where the model states them. n_ctx_total is the cells of
+   all KV streams together. The runner sets kv_unified = false: every sequence slot (the
+   `parallel` running ones plus the prefix cache's cache_slots) has a stream of its own of
+   ctx_per_seq cells, so the cache grows with the slots (inference.preflight passes
+   ctx_per_seq x slots).
    Per-layer head counts count at their maximum, and sliding-window layers at full size,
    so models with either are over- rather than under-estimated.
 3. Compute: a fixed 64 MiB for the graph's activations and scratch, plus the logits of one

@@ -8,6 +8,7 @@ host loads nothing:
   has the numbers.
 """
 
+import dataclasses
 import logging
 import os
 from functools import lru_cache
@@ -25,16 +26,25 @@ def validate(spec: ModelSpec) -> None:
     gguf_info(spec.config.model_path)
 
 
-def preflight(spec: ModelSpec) -> MemoryEstimate | None:
+def preflight(spec: ModelSpec, *, resident_bytes: int = 0) -> MemoryEstimate | None:
     """Refuse a load before llama.cpp is asked; returns the estimate it checked (None when the
-    model's metadata cannot be sized, e.g. an architecture without attention heads)."""
+    model's metadata cannot be sized, e.g. an architecture without attention heads).
+
+    `resident_bytes`: the weights of the models already loaded in other runner processes. They
+    are mmapped, so the OS counts their pages as reclaimable cache in "available" RAM; giving
+    them to a new model would make the loaded ones read their weights from disk again."""
     config = spec.config
     info = gguf_info(config.model_path)  # GGUFError propagates: the load is refused
     estimate = estimate_for_config(info, config)
     if estimate is None:
         log.warning("%s: no memory estimate possible; loading without the check", spec.name)
         return None
-    check_fits(estimate, available_memory())
+    available = available_memory()
+    if available.ram_bytes is not None and resident_bytes:
+        available = dataclasses.replace(
+            available, ram_bytes=max(0, available.ram_bytes - resident_bytes)
+        )
+    check_fits(estimate, available)
     return estimate
 
 

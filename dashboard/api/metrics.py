@@ -18,7 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from dashboard.api.auth import api_endpoint
-from inference.client import get_client
+from inference.serving.client import get_client
 
 MODEL = ["worker", "model"]
 
@@ -81,8 +81,14 @@ class SnapshotCollector:
         loading = GaugeMetricFamily("appliance_model_loading", "1 while a model is loading.",
                                     labels=["worker"])  # fmt: skip
         rss = GaugeMetricFamily("appliance_process_resident_memory_bytes",
-                                "Resident memory of the inference worker.",
+                                "Resident memory of the inference worker and its runners.",
                                 labels=["worker"])  # fmt: skip
+        runner_up = GaugeMetricFamily("appliance_runner_up",
+                                      "1 while the model's runner process is running.",
+                                      labels=MODEL)  # fmt: skip
+        restarts = CounterMetricFamily("appliance_runner_restarts",
+                                       "Times the model's runner process was started again "
+                                       "after it ended by itself.", labels=MODEL)  # fmt: skip
         mapped = GaugeMetricFamily("appliance_model_mapped_bytes",
                                    "Size of the loaded model files (memory-mapped).",
                                    labels=["worker"])  # fmt: skip
@@ -93,7 +99,7 @@ class SnapshotCollector:
         gpu_total = GaugeMetricFamily("appliance_gpu_memory_total_bytes", "GPU memory (NVML).",
                                       labels=gpu)  # fmt: skip
         gpu_own = GaugeMetricFamily("appliance_gpu_memory_process_bytes",
-                                    "GPU memory used by the inference worker.",
+                                    "GPU memory used by the inference worker and its runners.",
                                     labels=gpu)  # fmt: skip
 
         for snap in snapshots:
@@ -110,6 +116,10 @@ class SnapshotCollector:
                     family.add_metric(labels, float(engine.get(key) or 0.0))
                 for outcome, count in (engine.get("outcomes") or {}).items():
                     outcomes.add_metric([*labels, outcome], count)
+            for runner in snap.get("runners") or []:
+                labels = [worker, str(runner.get("model") or "")]
+                runner_up.add_metric(labels, 1.0 if runner.get("state") == "running" else 0.0)
+                restarts.add_metric(labels, float(runner.get("restarts") or 0))
             loaded.add_metric([worker], len(snap.get("loaded") or []))
             loading.add_metric([worker], 1.0 if snap.get("loading") else 0.0)
             system = snap.get("system") or {}
@@ -126,6 +136,7 @@ class SnapshotCollector:
         yield outcomes
         yield from gauges.values()
         yield from (loaded, loading, rss, mapped, gpu_used, gpu_total, gpu_own)
+        yield from (runner_up, restarts)
 
 
 def render(source: Callable[[], list[dict]]) -> bytes:

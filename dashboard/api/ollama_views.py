@@ -32,9 +32,10 @@ from dashboard.api.timings import ollama_durations
 from dashboard.api.tools import ToolCallParser
 from dashboard.models import ApiKey
 from dashboard.registry import lifecycle
-from inference.client import get_client, refusal
 from inference.models import LLMModel
 from inference.registry import spec_for
+from inference.serving.client import get_client
+from inference.serving.core import refusal
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 
 from dashboard.api.errors import ApiError, from_event
-from inference.client import get_client
-from inference.generation import Generation
 from inference.history import record_request
 from inference.models import LLMModel
 from inference.registry import UnknownModel, resolve, spec_for
+from inference.serving.client import get_client
+from inference.serving.generation import Generation
 
 log = logging.getLogger(__name__)
 

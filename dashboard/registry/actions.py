@@ -25,18 +25,17 @@ from dashboard.registry.forms import DownloadForm, UploadForm
 from dashboard.registry.uploads import ModelsDirUploadHandler
 from dashboard.registry.views import job_json, wants_json
 from dashboard.web.security import content_security_policy
+from inference import tasks
 from inference.dispatch import dispatch
-from inference.gguf import GGUFError, read_gguf
+from inference.gguf import GGUFError
 from inference.importing import (
     ImportRefused,
-    free_path,
     inside_models_dir,
+    install_file,
     is_packaged,
     models_dir,
-    register_file,
     safe_filename,
     scan_report,
-    schedule_hash,
     set_default,
 )
 from inference.jobs import cancel_job
@@ -70,7 +69,7 @@ def staff_required(view):
 @staff_required
 @require_POST
 def scan(request: HttpRequest) -> HttpResponse:
-    new, skipped = scan_report()
+    new, skipped = scan_report(tasks.schedule_hash)
     if new:
         messages.success(request, f"Registered {len(new)} new model(s): "
                                   + ", ".join(m.name for m in new))  # fmt: skip
@@ -109,20 +108,16 @@ def _upload(request: HttpRequest) -> HttpResponse:
         first = next(iter(form.errors.values()))[0]
         return _upload_refused(request, first, 400)
     uploaded = form.cleaned_data["file"]
-    partial = uploaded.temporary_file_path()
     try:
-        read_gguf(partial)  # before it becomes a file in the models directory
+        model = install_file(
+            uploaded.temporary_file_path(), safe_filename(uploaded.name),
+            source=LLMModel.Source.UPLOAD, name=form.cleaned_data["name"] or None,
+        )  # fmt: skip
     except GGUFError as exc:
         return _upload_refused(request, f"{uploaded.name} is not a usable GGUF file: {exc}", 400)
-    target = free_path(safe_filename(uploaded.name))
-    os.replace(partial, target)
-    try:
-        model = register_file(target, source=LLMModel.Source.UPLOAD,
-                              name=form.cleaned_data["name"] or None, hash_file=False)  # fmt: skip
-    except (GGUFError, ImportRefused) as exc:
-        target.unlink(missing_ok=True)
+    except ImportRefused as exc:
         return _upload_refused(request, str(exc), 400)
-    job = schedule_hash(model)
+    job = tasks.schedule_hash(model)
     url = reverse("model-detail", args=[model.name])
     if wants_json(request):
         return JsonResponse({"name": model.name, "url": url, "hash_job": job.id}, status=201)
@@ -141,8 +136,6 @@ def _upload_refused(request: HttpRequest, message: str, status: int) -> HttpResp
 @staff_required
 @require_POST
 def download(request: HttpRequest) -> HttpResponse:
-    from inference import tasks
-
     form = DownloadForm(request.POST)
     if not form.is_valid():
         message = form.errors["url"][0]

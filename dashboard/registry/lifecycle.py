@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from asgiref.sync import sync_to_async
 from django.utils import timezone
 
-from inference.client import get_client
+from dashboard.web.panels import RunnerPanel, runner_panel
 from inference.gguf import GGUFError
 from inference.importing import unregister
 from inference.memory import AvailableMemory, InsufficientMemory, MemoryEstimate, check_fits
 from inference.models import LLMModel
 from inference.preflight import estimate_for_settings, gguf_info
 from inference.registry import spec_for
+from inference.serving.client import get_client
 
 
 class Refused(Exception):
@@ -38,6 +39,28 @@ def loaded_rows(snaps: list[dict]) -> dict[str, dict]:
     for snap in snaps:
         for row in snap.get("loaded") or []:
             rows[row["name"]] = {**row, "worker": snap.get("worker", "")}
+    return rows
+
+
+class RunnerRow(RunnerPanel):
+    worker: str
+
+
+def runner_rows(snaps: list[dict]) -> dict[str, list[RunnerRow]]:
+    """Model name -> its runner process on each worker that has had one (in split mode a model
+    may have run on several), read as the dashboard reads them."""
+    rows: dict[str, list[RunnerRow]] = {}
+    for snap in snaps:
+        raw_rows = snap.get("runners")
+        at = snap.get("time")
+        at = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else 0.0
+        for raw in raw_rows if isinstance(raw_rows, list) else []:
+            if not isinstance(raw, dict):
+                continue
+            row = runner_panel(raw, at)
+            if row["model"]:
+                worker = str(snap.get("worker") or "")
+                rows.setdefault(row["model"], []).append(RunnerRow(**row, worker=worker))
     return rows
 
 

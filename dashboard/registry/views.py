@@ -4,6 +4,7 @@ only staff change (the settings form here, everything else in dashboard.registry
 
 import os
 import shutil
+from typing import TypedDict
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -16,6 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from dashboard.registry import lifecycle
 from dashboard.registry.display import bytes_label, params_label, seconds_label
 from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
 from inference.importing import models_dir
 from inference.memory import MemoryEstimate
@@ -82,6 +84,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     found, why_not = lifecycle.estimate(model)
     memory = lifecycle.memory(snaps)
     loaded = lifecycle.loaded_rows(snaps).get(model.name)
+    runners = [runner_view(r) for r in lifecycle.runner_rows(snaps).get(model.name, [])]
     hash_job = (
         Job.objects.filter(model=model, kind=Job.Kind.HASH,
                            state__in=[Job.State.PENDING, Job.State.RUNNING]).first()
@@ -101,6 +104,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
         "memory": memory_view(memory),
         "loaded": loaded_view(loaded) if loaded else None,
         "loading": lifecycle.loading_names(snaps),
+        "runners": runners,
         "hash_job": hash_job,
         "file_missing": not os.path.isfile(model.file_path),
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
@@ -110,6 +114,60 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 def loaded_view(row: dict) -> dict:
     expires = "busy" if row.get("busy") else seconds_label(row.get("expires_in"))
     return {**row, "size_label": bytes_label(row.get("size_bytes")), "expires_label": expires}
+
+
+class RunnerView(TypedDict):
+    """A model's runner process in plain words, for the page and its live refresh."""
+
+    worker: str
+    state: str
+    usable: bool
+    summary: str
+    restarts: int
+    last_exit: str  # "" when it never exited
+    wait: str  # "" unless backing off
+    note: str  # the CPU self-check's finding, "" when it changed nothing
+
+
+RUNNER_SUMMARIES = {
+    "starting": "starting: the model is loading in it",
+    "stopped": "stopped: the model was unloaded",
+    "crashed": "crashed: the next request starts it again",
+    "failed": "failed: its last start did not load the model",
+}
+
+
+def runner_view(row: lifecycle.RunnerRow) -> RunnerView:
+    state = row["state"]
+    if state == "running":
+        summary = f"running (pid {row['pid']})" if row["pid"] is not None else "running"
+    elif state == "backing off":
+        summary = (
+            f"backing off: it crashed {row['crashes_in_a_row']} times in a row, so requests for"
+            " this model are refused for a while rather than crash it again"
+        )
+    else:
+        summary = RUNNER_SUMMARIES.get(state, state)
+    last_exit = row["last_exit"] or ""
+    if last_exit and row["last_exit_ago"] is not None:
+        last_exit = f"{last_exit}, {seconds_label(row['last_exit_ago'])} ago"
+    wait = ""
+    if state == "backing off":
+        wait = (
+            f"the next start is allowed in {seconds_label(row['retry_in'])}"
+            if row["retry_in"] is not None
+            else "the next start is allowed now"
+        )
+    return {
+        "worker": row["worker"],
+        "state": state,
+        "usable": state not in UNUSABLE_STATES,
+        "summary": summary,
+        "restarts": row["restarts"],
+        "last_exit": last_exit,
+        "wait": wait,
+        "note": row["note"],
+    }
 
 
 def memory_view(memory: lifecycle.Memory | None) -> dict | None:
@@ -171,12 +229,15 @@ def facts(model: LLMModel) -> list[tuple[str, str]]:
 @login_required
 @require_GET
 def status(request: HttpRequest) -> JsonResponse:
-    """What the pages refresh live: loads under way, loaded models, memory, recent jobs."""
+    """What the pages refresh live: loads under way, loaded models, their runner processes,
+    memory, recent jobs."""
     snaps = lifecycle.snapshots()
     memory = lifecycle.memory(snaps)
     return JsonResponse({
         "loading": lifecycle.loading_names(snaps),
         "loaded": sorted(lifecycle.loaded_rows(snaps).values(), key=lambda r: r["name"]),
+        "runners": {name: [runner_view(r) for r in rows]
+                    for name, rows in lifecycle.runner_rows(snaps).items()},
         "memory": None if memory is None else {
             "ram_free": memory.ram_free, "ram_total": memory.ram_total,
             "gpu_free": memory.gpu_free, "gpu_total": memory.gpu_total,

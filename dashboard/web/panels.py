@@ -1,11 +1,16 @@
 """What the live dashboard shows, cut from one inference worker's telemetry snapshot.
 
-A snapshot (inference.feed.worker_snapshot) carries every engine's full telemetry, Prometheus
-histograms included; the browser needs a few numbers per panel, a few times a second.
+A snapshot (inference.serving.feed.worker_snapshot) carries every engine's full telemetry,
+Prometheus histograms included, and every runner process's state; the browser needs a few numbers
+per panel, a few times a second.
 """
 
 import math
 from typing import TypedDict
+
+# RunnerState["state"] (inference.serving.supervisor); anything else from a snapshot is shown as
+# "unknown" rather than trusted as text for the page.
+RUNNER_STATES = frozenset({"starting", "running", "stopped", "crashed", "backing off", "failed"})
 
 
 class Distribution(TypedDict):
@@ -45,10 +50,29 @@ class GpuPanel(TypedDict):
 class MemoryPanel(TypedDict):
     kind: str  # "gpu": NVML per GPU; "ram": no GPU, the worker's RSS and the models' size
     gpus: list[GpuPanel]
-    rss_bytes: int
+    rss_bytes: int  # the worker's RSS with its runner processes'
+    runners_rss_bytes: int  # the runner processes' share of it
     model_bytes: int
     ram_total_bytes: int | None
     ram_available_bytes: int | None
+
+
+class RunnerPanel(TypedDict):
+    """One model's runner process (inference.serving.supervisor.RunnerState), as the table
+    shows it."""
+
+    model: str
+    state: str
+    pid: int | None
+    restarts: int
+    crashes_in_a_row: int
+    last_exit: str | None
+    # Seconds from the last exit to the snapshot, both on the worker's clock: the browser's
+    # clock may be off from the worker's, so it only adds the time since the snapshot arrived.
+    last_exit_ago: float | None
+    retry_in: float | None  # seconds until a restart is allowed, as of the snapshot
+    extra_bufts: bool
+    note: str
 
 
 class Panels(TypedDict):
@@ -69,6 +93,7 @@ class Panels(TypedDict):
     cpu_count: int | None
     memory: MemoryPanel
     models: dict[str, ModelPanel]
+    runners: list[RunnerPanel]
 
 
 def _number(value, default=0.0) -> float:
@@ -119,6 +144,31 @@ def model_panel(snapshot: dict) -> ModelPanel:
     }
 
 
+def _text(value) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def runner_panel(raw: dict, snapshot_time: float) -> RunnerPanel:
+    state = raw.get("state")
+    pid = raw.get("pid")
+    exit_at = _number(raw.get("last_exit_at"), None)
+    retry_in = _number(raw.get("retry_in"), None)
+    return {
+        "model": _text(raw.get("model")) or "",
+        "state": state if isinstance(state, str) and state in RUNNER_STATES else "unknown",
+        "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        "restarts": _int(raw.get("restarts")),
+        "crashes_in_a_row": _int(raw.get("crashes_in_a_row")),
+        "last_exit": _text(raw.get("last_exit")),
+        "last_exit_ago": (
+            max(0.0, snapshot_time - exit_at) if exit_at is not None and snapshot_time else None
+        ),
+        "retry_in": retry_in if retry_in is not None and retry_in > 0 else None,
+        "extra_bufts": raw.get("extra_bufts") is not False,
+        "note": _text(raw.get("note")) or "",
+    }
+
+
 def memory_panel(system: dict) -> MemoryPanel:
     gpus: list[GpuPanel] = [
         {
@@ -136,6 +186,7 @@ def memory_panel(system: dict) -> MemoryPanel:
         "kind": "gpu" if gpus else "ram",
         "gpus": gpus,
         "rss_bytes": _int(system.get("rss_bytes")),
+        "runners_rss_bytes": _int(system.get("runners_rss_bytes")),
         "model_bytes": _int(system.get("model_bytes")),
         "ram_total_bytes": _int(system["ram_total_bytes"]) if "ram_total_bytes" in system else None,
         "ram_available_bytes": (
@@ -146,7 +197,8 @@ def memory_panel(system: dict) -> MemoryPanel:
 
 def panels(snapshot: dict) -> Panels:
     """The dashboard's panels for one worker: engine figures summed over its loaded models
-    (throughput, queue, sequences), latencies at their worst, and the box's memory and CPU."""
+    (throughput, queue, sequences), latencies at their worst, the box's memory and CPU, and
+    its runner processes."""
     models = {
         str(name): model_panel(snap)
         for name, snap in (snapshot.get("models") or {}).items()
@@ -159,10 +211,17 @@ def panels(snapshot: dict) -> Panels:
         for row in snapshot.get("loaded") or []
         if isinstance(row, dict)
     ]  # fmt: skip
+    time = _number(snapshot.get("time"))
+    raw_runners = snapshot.get("runners")
+    runners = [
+        runner_panel(row, time)
+        for row in (raw_runners if isinstance(raw_runners, list) else [])
+        if isinstance(row, dict) and _text(row.get("model"))
+    ]
     return {
         "worker": str(snapshot.get("worker") or ""),
         "mode": str(snapshot.get("mode") or ""),
-        "time": _number(snapshot.get("time")),
+        "time": time,
         "loading": snapshot.get("loading") if isinstance(snapshot.get("loading"), str) else None,
         "loaded": loaded,
         "prompt_tps": sum(m["prompt_tps"] for m in models.values()),
@@ -177,4 +236,5 @@ def panels(snapshot: dict) -> Panels:
         "cpu_count": _int(system["cpu_count"]) if system.get("cpu_count") else None,
         "memory": memory_panel(system),
         "models": models,
+        "runners": sorted(runners, key=lambda r: r["model"]),
     }

@@ -1,7 +1,7 @@
 """Telemetry to the channel-layer group "telemetry", which every dashboard socket joins.
 
 Message on the group: {"type": "telemetry.snapshot", "snapshot": <one worker's snapshot>}
-(inference.feed.worker_snapshot), one message per worker per interval.
+(inference.serving.feed.worker_snapshot), one message per worker per interval.
 
 In split mode each inference worker publishes its own snapshots from its own process. In
 embedded mode the engine lives here, so one asyncio task per event loop publishes while at least
@@ -16,7 +16,7 @@ import weakref
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference.client import get_client
+from inference.serving.client import get_client
 
 log = logging.getLogger(__name__)
 

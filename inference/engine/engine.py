@@ -17,10 +17,18 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 from inference.engine.budget import TokenBudget
-from inference.engine.events import DoneEvent, ErrorEvent, PhaseEvent, RequestHandle, TokenEvent
+from inference.engine.events import (
+    DoneEvent,
+    ErrorEvent,
+    Event,
+    PhaseEvent,
+    RequestHandle,
+    TokenEvent,
+)
 from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.request import Request, Status
@@ -117,8 +125,10 @@ class Engine:
         accepted_at: float | None = None,
         load_time: float = 0.0,
         add_special: bool = True,
+        sink: Callable[[Event], None] | None = None,
     ) -> RequestHandle:
-        """Queue a request. Raises PromptTooLong, QueueFull or EngineStopped at once."""
+        """Queue a request. Raises PromptTooLong, QueueFull or EngineStopped at once. With a
+        `sink`, the request's events are passed to it (on the engine thread) as they happen."""
         accepted = time.perf_counter() if accepted_at is None else accepted_at
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
@@ -139,7 +149,7 @@ class Engine:
             cache_key=cache_key,
             load_time=load_time,
         )
-        handle = RequestHandle(request.id, self.cancel)
+        handle = RequestHandle(request.id, self.cancel, sink)
         # Checked and queued under the lock the loop takes when it stops, so a request is
         # either refused here or seen by the loop's last drain: never silently left behind.
         with self._pending_lock:
@@ -182,6 +192,15 @@ class Engine:
             else 0.0,
             **self.telemetry.snapshot(now),
         }
+
+    def info(self) -> dict:
+        """The loaded model's facts (read once at load by the runner)."""
+        return self.runner.info()
+
+    @property
+    def alive(self) -> bool:
+        """The loop is running and takes requests."""
+        return self._thread is not None and not self._stopping.is_set() and not self._exited
 
     @property
     def busy(self) -> bool:

@@ -44,6 +44,7 @@ class ErrorEvent:
     message: str
     figures: dict
     type: Literal["error"] = "error"
+    code: str | None = None  # "unavailable": the runner process ended; None: the request failed
 
 
 Event = TokenEvent | PhaseEvent | DoneEvent | ErrorEvent
@@ -60,9 +61,17 @@ def is_final(event: Event) -> bool:
 class RequestHandle:
     """The submitter's side of one request: its events, and a way to cancel it."""
 
-    def __init__(self, request_id: str, cancel: Callable[[str], None]):
+    def __init__(
+        self,
+        request_id: str,
+        cancel: Callable[[str], None],
+        sink: Callable[[Event], None] | None = None,
+    ):
         self.id = request_id
         self._cancel = cancel
+        # With a sink, events go straight to it (a runner process forwards them over its
+        # connection) instead of waiting in this handle for a reader.
+        self._sink = sink
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -71,6 +80,11 @@ class RequestHandle:
 
     def deliver(self, event: Event) -> None:
         """Called by the engine thread for every event of this request."""
+        if self._sink is not None:  # fixed at construction: no reader to hand over to
+            if is_final(event):
+                self.final = event
+            self._sink(event)
+            return
         with self._lock:
             if is_final(event):
                 self.final = event

@@ -1,8 +1,13 @@
 """Loaded models: load, unload, keep-alive and least-recently-used eviction.
 
-The host owns one Engine per loaded model. Loading is charged to the request that needed it
-(its `load_time`), and keep-alive follows Ollama: a duration after the last answer, 0 unloads
-right after the answer, a negative value keeps the model loaded.
+The host owns one engine per loaded model: an in-process Engine on a runner from
+`runner_factory`, or whatever `engine_factory` starts (the appliance's runner processes,
+inference.serving.supervisor), which offers the same interface (ServingEngine). An engine that
+stopped by itself (its runner process died) is dropped, and the next request loads anew.
+
+Loading is charged to the request that needed it (its `load_time`), and keep-alive follows
+Ollama: a duration after the last answer, 0 unloads right after the answer, a negative value
+keeps the model loaded.
 """
 
 import logging
@@ -10,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from inference.engine.engine import Engine
 from inference.engine.events import RequestHandle
@@ -27,10 +33,25 @@ class ModelSpec:
     keep_alive: float = 300.0  # seconds after the last answer; < 0: forever
 
 
+class ServingEngine(Protocol):
+    """What the host needs of a loaded model's engine (Engine, or a runner process)."""
+
+    last_active: float
+
+    def submit(self, prompt, params=None, **kwargs) -> RequestHandle: ...
+    def info(self) -> dict: ...
+    def snapshot(self) -> dict: ...
+    def shutdown(self, timeout: float = 10.0) -> None: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def alive(self) -> bool: ...
+
+
 @dataclass(slots=True)
 class Loaded:
     spec: ModelSpec
-    engine: Engine
+    engine: ServingEngine
     loaded_at: float
     load_seconds: float
     keep_alive: float
@@ -53,6 +74,7 @@ class EngineHost:
         self,
         runner_factory: Callable[[object], object] | None = None,
         *,
+        engine_factory: Callable[[ModelSpec], ServingEngine] | None = None,
         max_loaded: int = 1,
         itl_target: float = 0.1,
         max_queue: int = 64,
@@ -60,6 +82,7 @@ class EngineHost:
         preflight: Callable[[ModelSpec], None] | None = None,
     ):
         self._runner_factory = runner_factory or _llama_runner
+        self._engine_factory = engine_factory or self._in_process_engine
         self.max_loaded = max_loaded
         self.itl_target = itl_target
         self.max_queue = max_queue
@@ -73,10 +96,11 @@ class EngineHost:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def load(self, spec: ModelSpec) -> tuple[Engine, float]:
+    def load(self, spec: ModelSpec) -> tuple[ServingEngine, float]:
         """The model's engine, loading it if needed; returns (engine, seconds this call waited)."""
         started = time.perf_counter()
         with self._lock:
+            self._drop_stopped()
             current = self._loaded.get(spec.name)
             if current is not None:
                 # Like Ollama, each request's keep-alive (the model's default when it names
@@ -92,10 +116,7 @@ class EngineHost:
             self.loading = spec.name
             try:
                 load_started = time.perf_counter()
-                runner = self._runner_factory(spec.config)
-                engine = Engine(
-                    runner, itl_target=self.itl_target, max_queue=self.max_queue, name=spec.name
-                ).start()
+                engine = self._engine_factory(spec)
             finally:
                 self.loading = None
             now = time.perf_counter()
@@ -105,6 +126,19 @@ class EngineHost:
             )  # fmt: skip
             log.info("loaded %s in %.2f s", spec.name, now - load_started)
             return engine, now - started
+
+    def _in_process_engine(self, spec: ModelSpec) -> Engine:
+        runner = self._runner_factory(spec.config)
+        return Engine(
+            runner, itl_target=self.itl_target, max_queue=self.max_queue, name=spec.name
+        ).start()
+
+    def _drop_stopped(self) -> None:
+        """(Under _lock.) Forget engines that stopped by themselves (a runner process died)."""
+        for name, loaded in list(self._loaded.items()):
+            if not loaded.engine.alive:
+                del self._loaded[name]
+                log.warning("%s had stopped; it loads again on its next request", name)
 
     def _make_room(self) -> None:
         while len(self._loaded) >= self.max_loaded:
@@ -136,6 +170,7 @@ class EngineHost:
         now = time.perf_counter()
         expired = []
         with self._lock:
+            self._drop_stopped()
             for name, loaded in list(self._loaded.items()):
                 remaining = loaded.expires_in(now)
                 # Busy never expires: with keep_alive 0, expires_in is 0 even mid-answer.
@@ -193,7 +228,7 @@ class EngineHost:
 
     # --- readings ----------------------------------------------------------------------------
 
-    def get(self, name: str) -> Engine | None:
+    def get(self, name: str) -> ServingEngine | None:
         loaded = self._loaded.get(name)
         return loaded.engine if loaded else None
 
@@ -202,7 +237,9 @@ class EngineHost:
         now = time.perf_counter()
         rows = []
         for name, loaded in list(self._loaded.items()):
-            info = loaded.engine.runner.info()
+            if not loaded.engine.alive:
+                continue
+            info = loaded.engine.info()
             expires = loaded.expires_in(now)
             rows.append({
                 "name": name,
@@ -217,7 +254,9 @@ class EngineHost:
         return rows
 
     def snapshots(self) -> dict[str, dict]:
-        return {name: m.engine.snapshot() for name, m in list(self._loaded.items())}
+        return {
+            name: m.engine.snapshot() for name, m in list(self._loaded.items()) if m.engine.alive
+        }
 
 
 def _llama_runner(config: object) -> object:

@@ -1,6 +1,6 @@
 """The runner: the only module that calls llama.cpp.
 
-One llama.cpp context holds several sequences in a unified KV cache. `execute()` builds one
+One llama.cpp context holds several sequences, each in its own KV stream. `execute()` builds one
 `llama_batch` from the scheduler's chunks (several sequence ids, logits only where a token is
 sampled), calls `llama_decode`, and samples each sequence with its own sampler chain. It decides
 no policy: what runs is the scheduler's business.
@@ -62,6 +62,7 @@ class LlamaRunner:
             raise LoadError(f"model file not found: {config.model_path}")
         model_params = ll.llama_model_default_params()
         model_params.n_gpu_layers = 999 if config.n_gpu_layers < 0 else config.n_gpu_layers
+        model_params.use_extra_bufts = config.use_extra_bufts
         self.model = ll.llama_model_load_from_file(config.model_path.encode(), model_params)
         if not self.model:
             raise LoadError(f"llama.cpp could not load {config.model_path}")
@@ -206,6 +207,25 @@ class LlamaRunner:
             raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
         sample = ll.llama_sampler_sample
         return [sample(self._samplers[rid], self.ctx, index) for rid, index in wanted]
+
+    def warm_up(self) -> None:
+        """Decode a few tokens on sequence 0 and forget them: the first matmuls run at load, so
+        a CPU that cannot run this build's kernels fails here, not in someone's answer."""
+        text = "Hello, this is a warm-up of the model's kernels before anyone is served."
+        ids = self.tokenize(text)[: min(16, self.n_batch - 1, self.ctx_per_seq - 2)]
+        batch = self._batch
+        for n, start in ((len(ids), 0), (1, len(ids))):  # a prompt-sized batch, then one token
+            for i in range(n):
+                batch.token[i] = ids[(start + i) % len(ids)]
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == n - 1
+            batch.n_tokens = n
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
+        ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
 
     # --- facts -------------------------------------------------------------------------------
 

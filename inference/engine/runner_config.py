@@ -19,8 +19,15 @@ class RunnerConfig:
     # On: llama.cpp's "auto" (flash attention wherever the backend has it). Besides speed, it
     # keeps each sequence's attention arithmetic independent of what else is in the batch.
     flash_attn: bool = True
+    # llama.cpp's extra weight buffer types (CPU repacking, AMX tiles). Faster for some
+    # quantisations, but a CPU may advertise AMX that its hypervisor does not deliver, and then
+    # the first matmul dies with SIGSEGV; the runner supervisor turns this off for such a host.
+    use_extra_bufts: bool = True
 
     def __post_init__(self) -> None:
+        # A plain str: the registry hands over a Django TextChoices member, which would drag
+        # Django into the runner process when the config is unpickled there.
+        object.__setattr__(self, "kv_type", str(self.kv_type))
         checks = {
             "ctx_per_seq": (16, 1 << 20), "parallel": (1, 64), "cache_slots": (0, 64),
             "n_batch": (1, 1 << 16), "n_ubatch": (1, 1 << 16), "n_threads": (0, 512),

@@ -71,9 +71,10 @@
 
   // GPU: used, this worker's share and the total per box; no GPU: the worker's RSS and the
   // model weights it maps (the box's total RAM would flatten both to a line at the bottom).
+  // "The worker" is the worker process with its runner processes: the models live in those.
   const MEMORY_SERIES = {
-    gpu: [{ key: "used", label: "GPU used" }, { key: "own", label: "this worker" }, { key: "total", label: "GPU total" }],
-    ram: [{ key: "used", label: "worker RSS" }, { key: "own", label: "model weights (mmap)" }],
+    gpu: [{ key: "used", label: "GPU used" }, { key: "own", label: "this worker + runners" }, { key: "total", label: "GPU total" }],
+    ram: [{ key: "used", label: "worker RSS (runners included)" }, { key: "own", label: "model weights (mmap)" }],
   };
   let memoryKind = null;
 
@@ -163,27 +164,67 @@
       $("c-mem-caption").textContent = "GPU memory · MiB";
       totals.gpus.forEach((g) => {
         box.append(bar((all.length > 1 ? g.worker + " · " : "") + "GPU " + g.index + " · " + g.name,
-          [{ cls: "mem-own", value: g.process_bytes, title: "this worker" },
+          [{ cls: "mem-own", value: g.process_bytes, title: "this worker and its runner processes" },
            { cls: "mem-other", value: Math.max(0, g.used_bytes - g.process_bytes), title: "other processes" }],
-          g.total_bytes, bytes(g.used_bytes) + " used of " + bytes(g.total_bytes) + " · worker " + bytes(g.process_bytes)));
+          g.total_bytes, bytes(g.used_bytes) + " used of " + bytes(g.total_bytes) + " · worker + runners " + bytes(g.process_bytes)));
       });
     } else {
-      $("memory-title").textContent = "Memory (no GPU: the worker's RSS and the mmap'd model size)";
-      $("c-mem-caption").textContent = "Memory · MiB (no GPU: worker RSS and model size)";
+      $("memory-title").textContent = "Memory (no GPU: the worker's RSS, its runner processes included, and the mmap'd model size)";
+      $("c-mem-caption").textContent = "Memory · MiB (no GPU: worker + runners RSS and model size)";
       all.forEach((p) => {
         const m = p.memory;
         box.append(bar(p.worker + " · RAM",
           [{ cls: "mem-own", value: Math.min(m.model_bytes, m.rss_bytes), title: "model (mmap'd)" },
-           { cls: "mem-other", value: Math.max(0, m.rss_bytes - m.model_bytes), title: "rest of the worker" }],
-          m.ram_total_bytes || m.rss_bytes, "worker RSS " + bytes(m.rss_bytes) + " · models " + bytes(m.model_bytes) +
+           { cls: "mem-other", value: Math.max(0, m.rss_bytes - m.model_bytes), title: "rest of the worker and its runners" }],
+          m.ram_total_bytes || m.rss_bytes, "worker RSS incl. runners " + bytes(m.rss_bytes) +
+          " (runners " + bytes(m.runners_rss_bytes) + ") · models " + bytes(m.model_bytes) +
           " · box " + bytes(m.ram_total_bytes)));
       });
     }
     const legend = document.createElement("p");
     legend.className = "muted small";
-    legend.textContent = totals.kind === "gpu" ? "dark: this worker · light: other processes"
-      : "dark: model weights (mmap'd) · light: the rest of the worker's resident memory";
+    legend.textContent = totals.kind === "gpu" ? "dark: this worker and its runner processes · light: other processes"
+      : "dark: model weights (mmap'd) · light: the rest of the worker's and its runners' resident memory";
     box.append(legend);
+  }
+
+  // --- runner processes ----------------------------------------------------------------------
+
+  const FAULTY = new Set(["crashed", "backing off", "failed"]);
+
+  function ago(seconds) {
+    const s = Math.max(0, Math.floor(seconds));
+    if (s >= 3600) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m ago";
+    if (s >= 60) return Math.floor(s / 60) + "m " + (s % 60) + "s ago";
+    return s + "s ago";
+  }
+
+  function drawRunners() {
+    // Times in a runner row are relative to its worker's snapshot (panels.py): what passed since
+    // the snapshot arrived is added here, so the browser's clock never meets the worker's.
+    const now = Date.now();
+    const entries = [...workers.values()];
+    const rows = entries.flatMap((e) => (e.panels.runners || []).map((r) =>
+      ({ worker: e.panels.worker, since: (now - e.seen) / 1000, ...r })));
+    const body = $("runners");
+    body.replaceChildren();
+    if (!rows.length) {
+      const row = document.createElement("tr");
+      cell(row, "No runner process yet: one starts when a model loads.", "muted").colSpan = 6;
+      body.append(row);
+      return;
+    }
+    rows.forEach((r) => {
+      const row = document.createElement("tr");
+      cell(row, (entries.length > 1 ? r.worker + " · " : "") + r.model);
+      cell(row, r.state + (r.state === "running" && r.pid !== null ? " · pid " + r.pid : ""), FAULTY.has(r.state) ? "error" : "");
+      cell(row, String(r.restarts), "num");
+      cell(row, r.last_exit ? r.last_exit + (r.last_exit_ago !== null ? " · " + ago(r.last_exit_ago + r.since) : "") : "–");
+      const wait = r.retry_in !== null ? Math.ceil(r.retry_in - r.since) : null;
+      cell(row, r.state === "backing off" ? (wait !== null && wait > 0 ? "retrying in " + wait + " s" : "retrying at the next request") : "–");
+      cell(row, r.note || "").style.whiteSpace = "normal"; // a sentence: let it wrap
+      body.append(row);
+    });
   }
 
   function sample() {
@@ -214,6 +255,7 @@
     text("loaded", (loaded.length ? "loaded: " + loaded.join(", ") : "no model loaded") +
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
     drawMemory(a.panels, totals);
+    drawRunners();
 
     const toMs = (v) => (v === null || v === undefined ? null : v * 1000);
     push(charts.prompt, time, [a.prompt_tps]);

@@ -1,5 +1,6 @@
-// A model's page: its sha256 while it is hashed, its loaded state and loads under way, polled;
-// the Load button says "loading…" while the server loads (the page reloads when it is done).
+// A model's page: its sha256 while it is hashed, its loaded state, its runner process and loads
+// under way, polled; the Load button says "loading…" while the server loads (the page reloads
+// when it is done).
 (function () {
   "use strict";
 
@@ -20,6 +21,51 @@
     return s + "s";
   }
 
+  // The runner rows come worded by the server (dashboard/registry/views.py runner_view), the
+  // same words the page was rendered with; this only places them, as text.
+  function runnerTable(runner, many) {
+    var table = document.createElement("table");
+    var body = document.createElement("tbody");
+    function line(label, value, cls) {
+      var tr = document.createElement("tr");
+      var th = document.createElement("th");
+      th.textContent = label;
+      var td = document.createElement("td");
+      td.textContent = value;
+      if (cls) td.className = cls;
+      tr.append(th, td);
+      body.append(tr);
+    }
+    line("State" + (many ? " on " + runner.worker : ""), runner.summary, runner.usable ? "" : "refusal");
+    line("Restarts", String(runner.restarts));
+    line("Last exit", runner.last_exit || "none");
+    if (runner.wait) line("Back-off", runner.wait);
+    table.append(body);
+    return table;
+  }
+
+  function drawRunners(rows) {
+    var box = document.getElementById("runners");
+    if (!box) return;
+    box.replaceChildren();
+    if (!rows.length) {
+      var empty = document.createElement("p");
+      empty.className = "muted";
+      empty.textContent = "No runner process yet: one starts when the model loads.";
+      box.append(empty);
+      return;
+    }
+    rows.forEach(function (runner) {
+      box.append(runnerTable(runner, rows.length > 1));
+      if (runner.note) {
+        var note = document.createElement("p");
+        note.className = "small";
+        note.textContent = runner.note;
+        box.append(note);
+      }
+    });
+  }
+
   function pollStatus() {
     if (document.hidden) { setTimeout(pollStatus, POLL_MS); return; }
     getJSON(badge.dataset.statusUrl)
@@ -29,6 +75,7 @@
         badge.classList.toggle("on", !!mine);
         var expires = document.getElementById("expires");
         if (expires && mine) expires.textContent = mine.busy ? "busy" : countdown(mine.expires_in);
+        drawRunners((s.runners || {})[badge.dataset.name] || []);
         var note = document.getElementById("loading-note");
         note.hidden = !s.loading.length;
         document.getElementById("loading-names").textContent = s.loading.join(", ");

@@ -5,8 +5,8 @@ from asgiref.sync import sync_to_async
 
 from dashboard import chat
 from dashboard.models import Conversation, Message
-from inference.client import get_client
 from inference.models import RequestRecord
+from inference.serving.client import get_client
 from tests.dashboard.web.sockets import open_socket, streamed_text, until_final, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -407,3 +407,42 @@ async def test_a_refused_generation_fails_the_answer_and_says_why(chat_model, me
     assert answer.error == failure["message"]
     record = await db(RequestRecord.objects.get, request_id=opening["request_id"])
     assert (record.outcome, record.error) == ("error", failure["message"])
+
+
+# --- a runner that dies ----------------------------------------------------------------------
+
+
+@pytest.mark.model
+async def test_a_runner_killed_mid_answer_fails_it_keeps_the_partial_and_the_next_turn_works(
+    long_answers, member
+):
+    import os
+    import signal
+    import time
+
+    ws, _, _ = await open_socket("/ws/chat/", member)
+    await ws.send_json_to({"type": "send", "conversation": None, "content": "Tell me a story."})
+    opening = await ws.receive_json_from(timeout=30)
+    killed = {}
+
+    async def segfault_after_three(frame, frames):
+        if sum(f["type"] == "token" for f in frames) == 3 and not killed:
+            (pid,) = get_client().supervisor.pids()
+            os.kill(pid, signal.SIGSEGV)
+            killed["at"] = time.monotonic()
+
+    frames = await until_final(ws, on_token=segfault_after_three)
+    failure = frames[-1]
+    assert time.monotonic() - killed["at"] < 3
+    assert failure["type"] == "error" and failure["code"] == "unavailable"
+    assert "was killed by signal 11 (SIGSEGV) during decode" in failure["message"]
+    answer = await db(_message, opening["message_id"])
+    assert answer.state == Message.State.FAILED
+    assert answer.content == streamed_text(frames) != ""  # the partial answer is kept
+    assert "killed by signal 11" in answer.error
+
+    # The next turn starts a new runner and is answered.
+    await ws.send_json_to({"type": "send", "conversation": opening["id"], "content": "Hi."})
+    await ws.receive_json_from(timeout=30)
+    assert (await until_final(ws))[-1]["type"] == "done"
+    await ws.disconnect()

@@ -17,10 +17,11 @@ class Command(BaseCommand):
     def handle(self, *args, **options) -> None:
         self.ensure_admin()
         from inference.importing import register_packaged_models, scan_models_dir
+        from inference.tasks import schedule_hash
 
         for model in register_packaged_models():
             self.stdout.write(f"starter model: {model.name} ({model.file_path})")
-        for model in scan_models_dir():
+        for model in scan_models_dir(schedule_hash):
             self.stdout.write(f"found model: {model.name} ({model.file_path})")
 
     def ensure_admin(self) -> None:

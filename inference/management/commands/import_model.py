@@ -19,8 +19,8 @@ from inference.importing import (
     CHUNK_BYTES,
     ImportRefused,
     check_name,
-    free_path,
     inside_models_dir,
+    install_file,
     models_dir,
     register_file,
     safe_filename,
@@ -72,8 +72,8 @@ class Command(BaseCommand):
         ))  # fmt: skip
 
     def copy_and_register(self, source: Path, name: str | None) -> LLMModel:
-        """1. copy into a hidden partial file in MODELS_DIR, hashing; 2. rename into place;
-        3. register, removing the copy again if that fails."""
+        """Copy into a hidden partial file in MODELS_DIR, hashing on the way, then install it:
+        validated, renamed into place and registered with that hash."""
         fd, tmp = tempfile.mkstemp(prefix=".import-", suffix=".part", dir=models_dir())
         partial = Path(tmp)
         try:
@@ -89,21 +89,14 @@ class Command(BaseCommand):
                     progress(done, total)
                 dst.flush()
                 os.fsync(dst.fileno())
-            read_gguf(partial)  # the copy, not only the original, must be sound
-            target = free_path(safe_filename(source.name))
-            os.replace(partial, target)
+            # The copy, not only the original, must be sound.
+            model = install_file(partial, safe_filename(source.name), source=LLMModel.Source.IMPORT,
+                                 name=name, sha256=digest.hexdigest())  # fmt: skip
         except GGUFError as exc:
             raise CommandError(f"the copy of {source} is not usable: {exc}") from None
         finally:
             partial.unlink(missing_ok=True)
-        try:
-            model = register_file(target, source=LLMModel.Source.IMPORT, name=name, hash_file=False)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-        LLMModel.all_objects.filter(pk=model.pk).update(sha256=digest.hexdigest())
-        model.sha256 = digest.hexdigest()
-        self.stdout.write(f"copied to {target}")
+        self.stdout.write(f"copied to {model.file_path}")
         return model
 
     def progress(self, verb: str):

@@ -68,3 +68,16 @@ def test_engine_figures_become_counters_gauges_and_histograms():
 
 def test_no_worker_means_no_series_and_no_error():
     assert parsed([]) == {}
+
+
+def test_each_runner_is_up_or_not_and_counts_its_restarts():
+    snapshot = snapshot_with_gpus()
+    snapshot["runners"] = [
+        {"model": "m", "state": "running", "restarts": 2},
+        {"model": "broken", "state": "backing off", "restarts": 5},
+    ]
+    found = parsed([snapshot])
+    broken = (("model", "broken"), ("worker", "box-1"))
+    assert found[("appliance_runner_up", (("model", "m"), ("worker", "box-1")))] == 1
+    assert found[("appliance_runner_up", broken)] == 0
+    assert found[("appliance_runner_restarts_total", broken)] == 5

@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.messages import get_messages
 
-from inference import client as client_module
-from inference.client import EmbeddedClient, set_client
 from inference.engine.host import EngineHost
 from inference.importing import register_file
 from inference.preflight import preflight
+from inference.serving import client as client_module
+from inference.serving.client import EmbeddedClient, set_client
 from tests.inference.engine.fakes import FakeRunner
 from tests.inference.registry import conftest as shared
 

@@ -132,11 +132,11 @@ def test_deleting_a_packaged_model_hides_it_and_keeps_its_file(staff, starter_pa
 @pytest.mark.model
 def test_a_real_load_records_what_it_took_next_to_the_estimate(staff, starter_model):
     """The starter model through llama.cpp, in a client of its own (unloaded afterwards)."""
-    from inference import client as client_module
-    from inference.client import EmbeddedClient, make_host, set_client
+    from inference.serving import client as client_module
+    from inference.serving.client import EmbeddedClient, set_client
 
     previous = client_module._client
-    client = EmbeddedClient(make_host())
+    client = EmbeddedClient()
     set_client(client)
     try:
         starter_model.n_ctx, starter_model.parallel, starter_model.keep_alive = 512, 1, "-1"

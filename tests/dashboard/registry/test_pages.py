@@ -7,6 +7,7 @@ from django.urls import reverse
 from dashboard.registry import lifecycle
 from inference.importing import register_file, scan_models_dir
 from inference.models import Job
+from inference.tasks import schedule_hash
 from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
@@ -103,7 +104,7 @@ def test_a_model_that_would_not_fit_says_so_with_the_numbers(staff, tiny_model, 
 
 
 def test_the_hash_shows_progress_until_the_job_is_done(staff, models_dir, tiny_file):
-    (model,) = scan_models_dir()
+    (model,) = scan_models_dir(schedule_hash)
     job = Job.objects.get(model=model)
     page = staff.get(reverse("model-detail", args=[model.name])).content.decode()
     assert "hashing…" in page and reverse("model-job", args=[job.id]) in page
@@ -150,3 +151,89 @@ def test_on_a_box_with_a_gpu_the_estimate_is_split_and_nvml_is_shown(staff, tiny
     assert "GPU 0 NVIDIA H200: 2.0 GiB used of 140.0 GiB, the worker's own 1.0 GiB" in page
     assert "GPU 138.0 GiB of 140.0 GiB" in page and "the inference worker holds 2.0 GiB" in page
     assert "Fits in the memory free now" in page
+
+
+SEGV = "killed by signal 11 (SIGSEGV) during decode"
+SELF_CHECK = (
+    "CPU self-check: the runner killed by signal 11 (SIGSEGV) during load with llama.cpp's "
+    "extra buffer types (AMX, repacking), so models on this host load without them"
+)
+
+
+def runner_snapshot(*runners: dict, worker: str = "embedded") -> dict:
+    """A worker's snapshot with these RunnerStates (inference.serving.supervisor), 1000 s in."""
+    rows = [{"pid": None, "restarts": 0, "crashes_in_a_row": 0, "last_exit": None,
+             "last_exit_at": None, "retry_in": None, "extra_bufts": True, "note": "", **r}
+            for r in runners]  # fmt: skip
+    return {"worker": worker, "time": 1000.0, "loading": None, "loaded": [], "runners": rows,
+            "system": {"gpus": [], "rss_bytes": 1 << 30, "ram_total_bytes": 64 << 30,
+                       "ram_available_bytes": 60 << 30}}  # fmt: skip
+
+
+def test_a_models_page_says_its_runner_is_backing_off_and_why(staff, tiny_model, monkeypatch):
+    snapshot = runner_snapshot(
+        {"model": tiny_model.name, "state": "backing off", "restarts": 2, "crashes_in_a_row": 3,
+         "last_exit": SEGV, "last_exit_at": 880.0, "retry_in": 12.4, "extra_bufts": False,
+         "note": SELF_CHECK},
+        {"model": "another-model", "state": "running", "pid": 99, "last_exit": "not this one"},
+    )  # fmt: skip
+    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+
+    assert "backing off: it crashed 3 times in a row, so requests for this model are" in page
+    assert '<td class="refusal">backing off' in page
+    assert "<th>Restarts</th><td>2</td>" in page
+    assert f"{SEGV}, 2m 0s ago" in page  # on the worker's clock: the snapshot's time minus the exit
+    assert "the next start is allowed in 12s" in page
+    assert "CPU self-check: the runner killed by signal 11 (SIGSEGV) during load" in page
+    assert "llama.cpp&#x27;s extra buffer types" in page  # escaped like everything it shows
+    assert "not this one" not in page and "No runner process yet" not in page
+
+    (row,) = staff.get(reverse("models-status")).json()["runners"][tiny_model.name]
+    assert (row["state"], row["usable"], row["restarts"]) == ("backing off", False, 2)
+    assert (row["wait"], row["note"]) == ("the next start is allowed in 12s", SELF_CHECK)
+
+
+def test_a_running_runner_shows_its_pid_and_no_back_off(staff, tiny_model, monkeypatch):
+    snapshot = runner_snapshot({"model": tiny_model.name, "state": "running", "pid": 4242,
+                                "restarts": 1, "last_exit": SEGV,
+                                "last_exit_at": 995.0})  # fmt: skip
+    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+
+    assert "<td>running (pid 4242)</td>" in page
+    assert "<th>Restarts</th><td>1</td>" in page and f"{SEGV}, 5s ago" in page
+    assert "Back-off" not in page and "CPU self-check" not in page
+
+
+@pytest.mark.parametrize(("state", "words"), [
+    ("crashed", "crashed: the next request starts it again"),
+    ("failed", "failed: its last start did not load the model"),
+    ("stopped", "stopped: the model was unloaded"),
+])  # fmt: skip
+def test_each_runner_state_is_said_in_plain_words(staff, tiny_model, monkeypatch, state, words):
+    snapshot = runner_snapshot({"model": tiny_model.name, "state": state})
+    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert words in page
+    assert ('class="refusal">' + words in page) == (state == "failed")  # only failed refuses
+
+
+def test_a_model_that_never_ran_says_so(staff, tiny_model):
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert "No runner process yet: one starts when the model loads." in page
+    assert tiny_model.name not in staff.get(reverse("models-status")).json()["runners"]
+
+
+def test_with_several_workers_each_runner_names_its_worker(staff, tiny_model, monkeypatch):
+    snaps = [runner_snapshot({"model": tiny_model.name, "state": "running", "pid": 1},
+                             worker="box-a"),
+             runner_snapshot({"model": tiny_model.name, "state": "crashed", "last_exit": SEGV},
+                             worker="box-b")]  # fmt: skip
+    monkeypatch.setattr(lifecycle, "snapshots", lambda: snaps)
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert "<th>State on box-a</th><td>running (pid 1)</td>" in page
+    assert "<th>State on box-b</th><td>crashed" in page
+    assert f"{SEGV}</td>" in page  # no time: the exit's moment was not reported

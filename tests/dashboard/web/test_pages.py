@@ -155,6 +155,7 @@ def test_the_dashboard_renders_for_staff_with_the_recent_requests(boss):
     assert response.status_code == 200
     assert "Why prompt and output speeds differ" in response.text
     assert 'id="c-prompt"' in response.text and 'id="c-output"' in response.text
+    assert "<h2>Runners</h2>" in response.text and 'id="runners"' in response.text
     rows = boss.get("/dashboard/requests/").json()["requests"]
     assert [(r["request_id"], r["ttft"]) for r in rows] == [("r1", 0.25)]
     assert rows[0]["timeline"] == [{"phase": "queue", "start": 0.0, "end": 0.01}]

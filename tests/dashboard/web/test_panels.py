@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dashboard.web.panels import panels
-from inference.client import get_client
+from inference.serving.client import get_client
 
 
 def test_a_real_embedded_snapshot_gives_every_panel():
@@ -16,12 +16,56 @@ def test_a_real_embedded_snapshot_gives_every_panel():
     assert result["mode"] == "embedded"
     assert result["memory"]["kind"] == ("gpu" if snapshot["system"]["gpus"] else "ram")
     assert result["memory"]["rss_bytes"] == snapshot["system"]["rss_bytes"]
+    assert result["memory"]["runners_rss_bytes"] == snapshot["system"]["runners_rss_bytes"]
+    assert isinstance(result["runners"], list)
 
 
 def test_without_a_gpu_the_memory_panel_shows_the_workers_rss_and_model_size():
     memory = panels({"system": {"gpus": [], "rss_bytes": 300, "model_bytes": 100,
+                                "runners_rss_bytes": 250,
                                 "ram_total_bytes": 1000}})["memory"]  # fmt: skip
     assert (memory["kind"], memory["rss_bytes"], memory["model_bytes"]) == ("ram", 300, 100)
+    assert memory["runners_rss_bytes"] == 250  # part of rss_bytes, shown next to it
+
+
+def test_the_runners_panel_shows_each_runner_with_times_relative_to_the_snapshot():
+    note = (
+        "CPU self-check: the runner killed by signal 11 (SIGSEGV) during load with llama.cpp's "
+        "extra buffer types (AMX, repacking), so models on this host load without them"
+    )
+    snapshot = {"time": 1000.0, "runners": [
+        {"model": "b", "state": "backing off", "pid": None, "restarts": 2, "crashes_in_a_row": 3,
+         "last_exit": "killed by signal 11 (SIGSEGV) during decode", "last_exit_at": 990.5,
+         "retry_in": 3.5, "extra_bufts": False, "note": note},
+        {"model": "a", "state": "running", "pid": 4242, "restarts": 0, "crashes_in_a_row": 0,
+         "last_exit": None, "last_exit_at": None, "retry_in": None, "extra_bufts": True,
+         "note": ""},
+    ]}  # fmt: skip
+    result = panels(snapshot)
+    json.dumps(result, allow_nan=False)
+    a, b = result["runners"]  # by model name
+    assert a == {"model": "a", "state": "running", "pid": 4242, "restarts": 0,
+                 "crashes_in_a_row": 0, "last_exit": None, "last_exit_ago": None,
+                 "retry_in": None, "extra_bufts": True, "note": ""}  # fmt: skip
+    assert (b["state"], b["restarts"], b["crashes_in_a_row"]) == ("backing off", 2, 3)
+    # The worker's clock on both sides: the browser adds what passed since the snapshot came.
+    assert (b["last_exit_ago"], b["retry_in"]) == (9.5, 3.5)
+    assert b["last_exit"] == "killed by signal 11 (SIGSEGV) during decode"
+    assert (b["extra_bufts"], b["note"]) == (False, note)
+
+
+def test_runner_rows_from_a_worker_are_not_trusted_as_they_come():
+    result = panels({"time": 10.0, "runners": [
+        "x", {"state": "running"}, {"model": ""},
+        {"model": "m", "state": "<b>on fire</b>", "pid": "1", "restarts": float("inf"),
+         "last_exit": 5, "last_exit_at": 20.0, "retry_in": -1.0, "note": None},
+    ]})  # fmt: skip
+    json.dumps(result, allow_nan=False)
+    (row,) = result["runners"]
+    assert (row["model"], row["state"], row["pid"], row["restarts"]) == ("m", "unknown", None, 0)
+    assert (row["last_exit"], row["retry_in"], row["note"]) == (None, None, "")
+    assert row["last_exit_ago"] == 0.0  # an exit "after" the snapshot: clock skew, not the future
+    assert panels({"runners": {"m": {}}})["runners"] == []
 
 
 def test_several_models_add_their_throughput_and_report_their_worst_latency():
@@ -46,3 +90,4 @@ def test_a_malformed_snapshot_gives_empty_panels_rather_than_an_error(junk):
     result = panels(junk)
     json.dumps(result, allow_nan=False)
     assert result["prompt_tps"] == 0.0
+    assert result["runners"] == []

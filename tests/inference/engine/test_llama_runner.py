@@ -28,13 +28,14 @@ def model_path():
 
 
 @pytest.fixture(scope="module")
-def engine(model_path):
+def engine(model_path, extra_bufts):
     from inference.engine.runner import LlamaRunner
     from inference.engine.runner_config import RunnerConfig
 
     runner = LlamaRunner(
-        RunnerConfig(model_path=model_path, ctx_per_seq=1024, parallel=4, n_threads=2)
-    )
+        RunnerConfig(model_path=model_path, ctx_per_seq=1024, parallel=4, n_threads=2,
+                     use_extra_bufts=extra_bufts)
+    )  # fmt: skip
     engine = Engine(runner, itl_target=0.1).start()
     yield engine
     engine.shutdown()
@@ -57,10 +58,23 @@ def generate_ids(engine, prompt, params=GREEDY, **kwargs):
     return final, ids
 
 
-def test_greedy_output_equals_llama_cpp_pythons_own_greedy_generation(engine, model_path):
+def test_greedy_output_equals_llama_cpp_pythons_own_greedy_generation(
+    engine, model_path, extra_bufts, monkeypatch
+):
     import llama_cpp
+    import llama_cpp.llama_cpp as low_level
     from llama_cpp import Llama
 
+    # Llama() has no switch for the extra buffer types: give it the self-check's verdict through
+    # the defaults it starts from, so a host that cannot run them does not crash the run.
+    defaults = low_level.llama_model_default_params
+
+    def host_defaults():
+        params = defaults()
+        params.use_extra_bufts = extra_bufts
+        return params
+
+    monkeypatch.setattr(low_level, "llama_model_default_params", host_defaults)
     prompt = CHAT.format(question="Write a short poem about the sea.")
     ours, our_ids = generate_ids(engine, prompt)
     # The same attention kernel as the engine (flash attention), so only the batching differs.
@@ -119,7 +133,8 @@ def test_a_prefix_cache_hit_reports_cached_tokens_and_gives_the_same_output(engi
 
     cold = Engine(
         LlamaRunner(RunnerConfig(model_path=engine.runner.config.model_path, ctx_per_seq=1024,
-                                 parallel=1, cache_slots=0, n_threads=2)),
+                                 parallel=1, cache_slots=0, n_threads=2,
+                                 use_extra_bufts=engine.runner.config.use_extra_bufts)),
         prefix_cache=False,
     ).start()  # fmt: skip
     try:

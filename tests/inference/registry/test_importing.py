@@ -18,6 +18,7 @@ from inference.importing import (
     unregister,
 )
 from inference.models import Job, LLMModel
+from inference.tasks import schedule_hash
 from tests.inference.registry.ggufs import TEMPLATE, corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
@@ -117,14 +118,14 @@ def test_a_scan_is_idempotent_and_skips_a_corrupt_file_with_a_logged_reason(
     (models_dir / "notes.txt").write_text("not a model")
 
     with caplog.at_level(logging.WARNING, logger="inference.importing"):
-        first = scan_models_dir()
+        first = scan_models_dir(schedule_hash)
     assert [m.name for m in first] == ["tiny-chat-q8_0"]
     assert any("broken.gguf" in r.getMessage() and "skipping" in r.getMessage()
                for r in caplog.records)  # fmt: skip
 
-    assert scan_models_dir() == []
+    assert scan_models_dir(schedule_hash) == []
     assert LLMModel.objects.count() == 1
-    _, skipped = scan_report()
+    _, skipped = scan_report(schedule_hash)
     assert [path.endswith("broken.gguf") for path, _ in skipped] == [True]
 
 
@@ -132,11 +133,11 @@ def test_a_scan_ignores_partial_files_of_uploads_and_downloads(models_dir, outsi
     shutil.copy(outside_file, models_dir / ".download-7.part")
     (models_dir / ".incoming").mkdir()
     shutil.copy(outside_file, models_dir / ".incoming" / "half.gguf")
-    assert scan_models_dir() == []
+    assert scan_models_dir(schedule_hash) == []
 
 
 def test_a_scan_hashes_new_models_in_a_job_with_progress(models_dir, tiny_file):
-    (model,) = scan_models_dir()
+    (model,) = scan_models_dir(schedule_hash)
     assert model.sha256 == ""
     job = Job.objects.get(model=model, kind=Job.Kind.HASH)
     assert job.state == Job.State.PENDING
@@ -151,7 +152,7 @@ def test_a_scan_hashes_new_models_in_a_job_with_progress(models_dir, tiny_file):
 
 
 def test_a_cancelled_hash_job_does_not_run(models_dir, tiny_file):
-    (model,) = scan_models_dir()
+    (model,) = scan_models_dir(schedule_hash)
     job = Job.objects.get(model=model)
     Job.objects.filter(pk=job.pk).update(state=Job.State.CANCELLED)
     assert hash_model_job(job.id) is None
@@ -219,12 +220,12 @@ def test_a_model_left_unhashed_by_a_dead_job_gets_a_new_one(models_dir, tiny_fil
 
     from django.utils import timezone
 
-    (model,) = scan_models_dir()
-    scan_models_dir()
+    (model,) = scan_models_dir(schedule_hash)
+    scan_models_dir(schedule_hash)
     assert Job.objects.filter(model=model).count() == 1  # the first job is still active
     Job.objects.update(state=Job.State.RUNNING, updated_at=timezone.now() - timedelta(hours=1))
 
-    scan_models_dir()
+    scan_models_dir(schedule_hash)
 
     assert Job.objects.filter(model=model, state=Job.State.PENDING).count() == 1
 

@@ -3,12 +3,12 @@ given with a request, idle unload by the host's sweeper and by the beat task."""
 
 import pytest
 
-from inference import client as client_module
-from inference.client import EmbeddedClient, set_client
 from inference.engine.host import EngineHost
 from inference.engine.params import SamplingParams
 from inference.importing import register_file
 from inference.registry import spec_for
+from inference.serving import client as client_module
+from inference.serving.client import EmbeddedClient, set_client
 from inference.tasks import unload_idle_models
 from tests.inference.engine.fakes import FakeRunner, wait_until
 

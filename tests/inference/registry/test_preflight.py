@@ -4,12 +4,12 @@ is refused with the numbers."""
 import pytest
 
 from inference import preflight as preflight_module
-from inference.client import EmbeddedClient, make_host
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.gguf import GGUFError, read_gguf
 from inference.memory import AvailableMemory, InsufficientMemory
 from inference.preflight import preflight
+from inference.serving.client import EmbeddedClient
 
 
 class RecordingFactory:
@@ -84,10 +84,42 @@ def test_the_micro_batch_is_never_counted_larger_than_the_batch(starter_path):
 
 
 async def test_the_clients_host_refuses_the_load_with_the_numbers(starter_path, tiny_memory):
-    client = EmbeddedClient(make_host())
+    client = EmbeddedClient()
     try:
         with pytest.raises(InsufficientMemory, match="of RAM is free"):
             await client.load(spec(starter_path))
         assert client.host.loaded() == []
+    finally:
+        client.host.shutdown()
+
+
+def test_the_weights_of_models_already_loaded_do_not_count_as_free(starter_path, monkeypatch):
+    """Their pages are mmapped cache, which the OS calls available; they are taken."""
+    needed = preflight(spec(starter_path)).total_bytes
+    monkeypatch.setattr(
+        preflight_module, "available_memory",
+        lambda: AvailableMemory(ram_bytes=needed + (50 << 20), gpu_bytes=None),
+    )  # fmt: skip
+    assert preflight(spec(starter_path)) is not None  # alone it fits
+    with pytest.raises(InsufficientMemory, match="of RAM is free"):
+        preflight(spec(starter_path), resident_bytes=100 << 20)
+
+
+@pytest.mark.model
+async def test_the_clients_host_checks_a_second_model_beside_the_first(
+    starter_path, monkeypatch, settings
+):
+    settings.MAX_LOADED_MODELS = 2  # so the first stays loaded
+    client = EmbeddedClient()
+    try:
+        await client.load(spec(starter_path))
+        needed = preflight(spec(starter_path)).total_bytes
+        monkeypatch.setattr(
+            preflight_module, "available_memory",
+            lambda: AvailableMemory(ram_bytes=needed + (50 << 20), gpu_bytes=None),
+        )  # fmt: skip
+        second = ModelSpec("second", spec(starter_path).config, keep_alive=-1)
+        with pytest.raises(InsufficientMemory, match="of RAM is free"):
+            await client.load(second)  # the first one's 98 MB of weights stay taken
     finally:
         client.host.shutdown()

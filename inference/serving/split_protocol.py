@@ -5,7 +5,7 @@ Everything a worker says about itself lives in Redis under "appliance:worker:<na
 short TTL, so a worker that dies simply disappears: nothing has to clean up after it.
 
     appliance:worker:<name>:alive     the worker's instance id, TTL HEARTBEAT_TTL_S
-    appliance:worker:<name>:snapshot  its latest inference.feed.worker_snapshot() as JSON
+    appliance:worker:<name>:snapshot  its latest inference.serving.feed.worker_snapshot() as JSON
     appliance:req:<id>:started        set when the request's first token went out
     appliance:req:<id>:closed         nobody waits for this request any more: never run it
     appliance:cancel                  pub/sub: a request id to cancel, heard by every worker

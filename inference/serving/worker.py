@@ -1,11 +1,13 @@
-"""The inference worker: a Celery worker on queue "inference" that owns the engine (split mode).
+"""The inference worker: a Celery worker on queue "inference" that supervises the runner
+processes (split mode).
 
     celery -A appliance worker -Q inference -P threads -c 16 -n inference@%h
 
-One process, one EngineHost (inference.client.make_host), one engine thread per loaded model.
-The threads pool lets many "inference.generate" tasks run at once: each one only submits its
-request to the host and forwards the request's events to the web process's reply channel, while
-the engine thread batches them all together. The worker never touches the database: the task
+One process, one EngineHost (inference.serving.client.make_host) whose models each run in a
+runner process of this worker, exactly as in embedded mode. The threads pool lets many
+"inference.generate" tasks run at once: each one serves its request through the serving core
+(inference.serving.core) and forwards the events to the web process's reply channel, while each
+runner's engine batches them all together. The worker never touches the database: the task
 payload carries the model's spec, so a second box needs only Redis and the model files.
 
 A task, step by step:
@@ -13,8 +15,8 @@ A task, step by step:
    and refuse to run again a request whose first token already went out (a redelivery after
    its worker died: the client has reported that failure, and answering twice would be wrong).
 2. Send {"type": "claimed", "worker", "instance"} so the client knows whose heartbeat to watch.
-3. Submit to the host (loading the model if needed) and forward every event; the first token
-   sets appliance:req:<id>:started.
+3. Serve it through the serving core (loading the model if needed) and forward every event;
+   the first token sets appliance:req:<id>:started.
 4. Mark the request closed so that a late redelivery of this task does nothing.
 """
 
@@ -29,11 +31,11 @@ from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference.client import error_event, make_host, refusal
-from inference.engine import SamplingParams, event_to_dict
-from inference.generation import Generation, spec_from_dict
-from inference.split_protocol import QUEUE, cancelled_event, claimed_event
-from inference.worker_state import WorkerRuntime
+from inference.serving.core import error_event
+from inference.serving.core import serve as serve_generation
+from inference.serving.generation import Generation, spec_from_dict
+from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event
+from inference.serving.worker_state import WorkerRuntime
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ def runtime() -> WorkerRuntime:
     with _runtime_lock:
         if _runtime is None:
             name = settings.WORKER_NAME or _node_name or f"inference@{socket.gethostname()}"
-            _runtime = WorkerRuntime(name, settings.REDIS_URL, make_host).start()
+            _runtime = WorkerRuntime(name, settings.REDIS_URL).start()
         return _runtime
 
 
@@ -159,34 +161,23 @@ async def _answer(rt: WorkerRuntime, running, generation: Generation, spec, laye
     if running.cancelled:  # cancelled while it waited in the queue
         await layer.send(reply, cancelled_event(rid))
         return
-    # 3. Submitting may load the model (seconds to minutes); this loop serves only this task.
-    try:
-        params = SamplingParams(**generation.params)
-        handle = rt.host.submit(
-            spec, generation.prompt, params, keep_alive=generation.keep_alive,
-            accepted_at=generation.accepted_perf(), request_id=rid,
-            cache_key=generation.cache_key, add_special=generation.add_special,
-        )  # fmt: skip
-    except TypeError as exc:  # an unknown sampling field
-        await layer.send(reply, error_event(rid, "invalid", str(exc)))
-        return
-    except Exception as exc:  # noqa: BLE001 - every refusal becomes an error event
-        await layer.send(reply, refusal(rid, exc))
-        return
-    running.attach(handle)
-    deadline = asyncio.get_running_loop().call_later(GENERATE_TIME_LIMIT_S, handle.cancel)
+    loop = asyncio.get_running_loop()
+    deadlines = []
+
+    def attach(handle) -> None:
+        running.attach(handle)
+        deadlines.append(loop.call_later(GENERATE_TIME_LIMIT_S, handle.cancel))
+
+    # 3. Serving may load the model (seconds to minutes); this loop serves only this task.
     started = False
     try:
-        async for event in handle.aevents():
-            data = event_to_dict(event)
-            if data["type"] == "token" and not started:
+        async for event in serve_generation(rt.host, generation, spec, on_handle=attach):
+            if event["type"] == "token" and not started:
                 started = True
                 rt.mark_started(rid)
-            await layer.send(reply, data)
+            await layer.send(reply, event)
     except ChannelFull:
         log.warning("%s: the client stopped reading; cancelling", rid)
     finally:
-        deadline.cancel()
-        if handle.final is None:  # left early (nobody reading, Redis gone): free the sequence
-            handle.cancel()
-        rt.host.touch(spec.name)
+        for deadline in deadlines:
+            deadline.cancel()

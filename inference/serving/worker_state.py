@@ -1,11 +1,12 @@
-"""What one inference worker process holds: its engine host, the requests it is answering, and
-the threads that make it visible and reachable from the web side.
+"""What one inference worker process holds: its engine host and runner supervisor, the requests
+it is answering, and the threads that make it visible and reachable from the web side.
 
 - heartbeat: SET appliance:worker:<name>:alive = <instance id> every second with a short TTL, so
   a client knows within seconds that the worker answering it died (a restarted worker with the
   same name has a new instance id, so it does not vouch for its predecessor's requests).
-- telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.feed) into a Redis key
-  that SplitClient.snapshots() reads, and onto the Channels group "telemetry" for dashboards.
+- telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.serving.feed) into a
+  Redis key that SplitClient.snapshots() reads, and onto the Channels group "telemetry"
+  for dashboards.
 - listener: pub/sub "appliance:cancel" (a request id) and "appliance:control" (load/unload).
 
 No database here: a worker on another box only has Redis and the model files.
@@ -17,18 +18,18 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference import split_protocol as keys
 from inference.engine.events import RequestHandle
-from inference.engine.host import EngineHost
-from inference.feed import worker_snapshot
-from inference.worker_control import execute_control
+from inference.serving import split_protocol as keys
+from inference.serving.client import make_host, make_supervisor
+from inference.serving.feed import worker_snapshot
+from inference.serving.worker_control import execute_control
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +66,12 @@ class Running:
 
 
 class WorkerRuntime:
-    def __init__(self, name: str, redis_url: str, host_factory: Callable[[], EngineHost]):
+    def __init__(self, name: str, redis_url: str):
         self.name = name
         self.instance = uuid.uuid4().hex
         self.redis = keys.connect(redis_url)
-        self.host = host_factory()
+        self.supervisor = make_supervisor()
+        self.host = make_host(self.supervisor)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -158,7 +160,7 @@ class WorkerRuntime:
                 log.warning("heartbeat failed: %s", exc)
 
     def snapshot(self) -> dict:
-        return worker_snapshot(self.host, self.name, mode="split")
+        return worker_snapshot(self.host, self.name, mode="split", supervisor=self.supervisor)
 
     def _telemetry_loop(self) -> None:
         # One event loop for this thread: the channel layer keeps its connections per loop.

@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
-from inference import split_protocol as protocol
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
-from tests.inference.split.workers import REDIS_URL, WorkerProcess
+from inference.serving import split_protocol as protocol
+from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess
 
 
 @pytest.fixture(scope="session")
@@ -49,8 +49,8 @@ def split_mode(settings, split_redis):
 
 @pytest.fixture
 def split_client(split_mode):
-    from inference import client as client_module
-    from inference.split_client import SplitClient
+    from inference.serving import client as client_module
+    from inference.serving.split_client import SplitClient
 
     # The session's embedded client (and the model it holds) comes back afterwards; asking
     # get_client() for it here would build a SplitClient, since the settings say split mode.

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from inference.split_client import SplitClient, WorkerError
-from tests.inference.split.conftest import no_workers_left
-from tests.inference.split.streams import collect, counting, eventually, short, tokens
-from tests.inference.split.workers import REDIS_URL
+from inference.serving.split_client import SplitClient, WorkerError
+from tests.inference.serving.split.conftest import no_workers_left
+from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
+from tests.inference.serving.split.workers import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 
@@ -39,6 +39,38 @@ async def test_killing_the_worker_mid_stream_gives_a_clear_error_and_a_new_worke
     after = await collect(split_client, short(), spec)
     assert after[-1]["type"] == "done", after[-1]
     assert tokens(after)
+
+
+async def test_a_runner_killed_under_the_worker_ends_the_answer_and_the_worker_serves_on(
+    split_client, spec, start_worker
+):
+    import os
+    import signal
+
+    worker = start_worker()
+    await collect(split_client, short(), spec)
+
+    def runners() -> list[dict]:
+        return [r for s in split_client.snapshots() for r in s["runners"] if r["pid"]]
+
+    assert await eventually(lambda: len(runners()) == 1)  # the worker's snapshot names it
+    (runner,) = runners()
+
+    async def segfault_after_three_tokens(event, events):
+        if event["type"] == "token" and len(tokens(events)) == 3:
+            os.kill(runner["pid"], signal.SIGSEGV)
+
+    events = await collect(split_client, counting(), spec, on_event=segfault_after_three_tokens)
+    error = events[-1]
+    assert error["type"] == "error" and error["code"] == "unavailable"
+    assert "was killed by signal 11 (SIGSEGV) during decode" in error["message"]
+    assert len(tokens(events)) >= 3
+
+    after = await collect(split_client, short(), spec)  # the same worker, a new runner
+    assert after[-1]["type"] == "done", after[-1]
+    assert worker.process.poll() is None
+    assert await eventually(lambda: [r["restarts"] for r in runners()] == [1])
+    assert runners()[0]["pid"] != runner["pid"]
 
 
 async def test_a_request_sent_while_no_worker_runs_waits_and_is_served_once_one_starts(

@@ -4,9 +4,9 @@ import asyncio
 
 import pytest
 
-from inference import split_protocol as protocol
-from inference.generation import Generation
-from tests.inference.split.streams import collect, counting, eventually, short, tokens
+from inference.serving import split_protocol as protocol
+from inference.serving.generation import Generation
+from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 
@@ -118,7 +118,7 @@ async def test_a_load_the_worker_cannot_do_raises_with_its_reason(
 ):
     from dataclasses import replace
 
-    from inference.split_client import WorkerError
+    from inference.serving.split_client import WorkerError
 
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"not a gguf file at all")

@@ -13,9 +13,9 @@ import logging
 
 import redis
 
-from inference import split_protocol as keys
 from inference.engine.host import EngineHost, ModelBusy
-from inference.generation import spec_from_dict
+from inference.serving import split_protocol as keys
+from inference.serving.generation import spec_from_dict
 
 log = logging.getLogger(__name__)
 

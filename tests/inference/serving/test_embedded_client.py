@@ -2,9 +2,9 @@
 
 import asyncio
 
-from inference.client import EmbeddedClient
 from inference.engine.host import EngineHost
-from inference.generation import Generation
+from inference.serving.client import EmbeddedClient
+from inference.serving.generation import Generation
 from tests.inference.engine.fakes import wait_until
 from tests.inference.engine.test_host import Factory, spec
 

@@ -1,5 +1,5 @@
 """SplitClient: the inference client of split mode (REDIS_URL set), the web side of
-inference.worker. The same interface as inference.client.EmbeddedClient.
+inference.serving.worker. The same interface as inference.serving.client.EmbeddedClient.
 
 A request, step by step:
 1. Make a reply channel on the channel layer and publish the Celery task "inference.generate"
@@ -31,11 +31,11 @@ from channels.layers import channel_layers
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from inference import split_protocol as protocol
-from inference.client import error_event
 from inference.engine.host import ModelBusy, ModelSpec
-from inference.generation import Generation, spec_to_dict
-from inference.worker_control import REPLY_PREFIX
+from inference.serving import split_protocol as protocol
+from inference.serving.core import error_event
+from inference.serving.generation import Generation, spec_to_dict
+from inference.serving.worker_control import REPLY_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ test instead of freezing the suite)."""
 
 import asyncio
 
-from inference.generation import Generation
+from inference.serving.generation import Generation
 
 STREAM_TIMEOUT_S = 180  # a first request loads the model; the 2-core box is shared
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 
-from inference import split_protocol as protocol
+from inference.serving import split_protocol as protocol
 
 REDIS_URL = "redis://127.0.0.1:6379/15"  # the split-mode tests' own database
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CELERY = Path(sys.executable).with_name("celery")
 START_TIMEOUT_S = 120  # importing Django, Celery and llama.cpp on a shared 2-core box
 

@@ -1,0 +1,166 @@
+"""Engine sides: the engine driven in-process, in a process of its own (`python -m bench.side
+NAME ARGS`), one engine configuration per process, no raw llama.cpp user beside it."""
+
+import statistics
+import threading
+import time
+
+from bench.measure import client_side, greedy
+from bench.prompts import FOLLOW_UP, make_tokens
+from inference.engine import Engine
+from inference.engine.runner import LlamaRunner
+from inference.engine.runner_config import RunnerConfig
+
+
+def start_engine(args: dict, **engine_kwargs) -> Engine:
+    """The runner warmed up as a runner process does at load, then the engine."""
+    runner = LlamaRunner(RunnerConfig(**args["config"]))
+    runner.warm_up()
+    return Engine(runner, itl_target=args["itl_target"], max_queue=64, **engine_kwargs).start()
+
+
+class Recorder:
+    """A request's events as the engine sends them (its sink runs on the engine thread), with
+    the time of each token."""
+
+    def __init__(self, on_token=None):
+        self.times: list[float] = []
+        self.final = None
+        self.finished = threading.Event()
+        self.on_token = on_token
+
+    def __call__(self, event) -> None:
+        if event.type == "token":
+            self.times.append(time.perf_counter())
+            if self.on_token is not None:
+                self.on_token(len(self.times))
+        elif event.type in ("done", "error"):
+            self.final = event
+            self.finished.set()
+
+    def wait(self, timeout: float = 600):
+        if not self.finished.wait(timeout):
+            raise RuntimeError("the engine did not finish the request in time")
+        if self.final.type != "done":
+            raise RuntimeError(f"engine request failed: {self.final.message}")
+        return self.final
+
+
+def run(engine: Engine, prompt, max_tokens: int, **submit_kwargs):
+    recorder = Recorder()
+    engine.submit(prompt, greedy(max_tokens), sink=recorder, **submit_kwargs)
+    return recorder.wait()
+
+
+def side_engine_basic(args: dict) -> dict:
+    """Prefill tok/s (a fresh 512-token prompt, max_tokens 1), single-stream decode tok/s and
+    4-stream aggregate decode tok/s, each the median over a few requests."""
+    engine = start_engine(args)
+    tok = engine.runner.tokenize
+    try:
+        run(engine, make_tokens(tok, 64, 99_999), max_tokens=4)  # as the raw side's warm-up
+        prefill, short = [], []
+        for salt in args["prefill_salts"]:
+            done = run(engine, make_tokens(tok, args["prefill_tokens"], salt), max_tokens=1)
+            prefill.append(done.figures["prompt_tps"])
+        decode = []
+        for salt in args["decode_salts"]:
+            done = run(engine, make_tokens(tok, 32, salt), max_tokens=args["decode_steps"] + 1)
+            decode.append(done.figures["decode_tps"])
+            short.append(done.figures["output_tokens"] < args["decode_steps"] + 1)
+        batch4 = []
+        for salt in args["batch4_salts"]:
+            aggregate, ended_early = four_streams(engine, [make_tokens(tok, 32, salt + i)
+                                                           for i in range(4)],
+                                                  args["batch4_steps"])  # fmt: skip
+            batch4.append(aggregate)
+            short.append(ended_early)
+    finally:
+        engine.shutdown()
+    return {"prefill_tps": statistics.median(prefill), "decode_tps": statistics.median(decode),
+            "batch4_tps": statistics.median(batch4), "ended_early": any(short)}  # fmt: skip
+
+
+def four_streams(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[float, bool]:
+    """Aggregate decode tok/s of streams submitted together, counted while all of them decode:
+    from the last stream's first token to the first stream's last one (the window where the
+    raw baseline's batched steps run). The engine may admit them a step apart."""
+    recorders = [Recorder() for _ in prompts]
+    for prompt, recorder in zip(prompts, recorders, strict=True):
+        engine.submit(prompt, greedy(steps + 1), sink=recorder)
+    finals = [r.wait() for r in recorders]
+    start = max(r.times[0] for r in recorders)
+    end = min(r.times[-1] for r in recorders)
+    produced = sum(1 for r in recorders for t in r.times if start < t <= end)
+    ended_early = any(f.figures["output_tokens"] < steps + 1 for f in finals)
+    return produced / (end - start), ended_early
+
+
+def stall_once(engine: Engine, tok, args: dict, salt: int) -> dict:
+    """A decodes; B (fresh tokens) arrives after A's 8th token. A's longest gap between two
+    tokens sent while B waited for its first token, B's TTFT with A, and B's TTFT alone."""
+    b_prompt = make_tokens(tok, args["b_tokens"], salt)
+    b_started = threading.Event()
+    a = Recorder(on_token=lambda n: n == args["a_warm_tokens"] and b_started.set())
+    a_limit = engine.runner.ctx_per_seq - args["a_tokens"] - 1
+    a_handle = engine.submit(make_tokens(tok, args["a_tokens"], salt + 2), greedy(a_limit),
+                             sink=a)  # fmt: skip
+    if not b_started.wait(120):
+        raise RuntimeError("stream A did not start")
+    b_accepted = time.perf_counter()
+    b = run(engine, b_prompt, max_tokens=2, accepted_at=b_accepted)
+    b_first = b_accepted + b.figures["ttft"]
+    a_running = not a.finished.is_set()
+    engine.cancel(a_handle.id)
+    a.finished.wait(60)
+    gaps = [later - earlier for earlier, later in zip(a.times, a.times[1:], strict=False)
+            if later >= b_accepted and earlier <= b_first]  # fmt: skip
+    alone = run(engine, make_tokens(tok, args["b_tokens"], salt + 3), max_tokens=2)
+    chunks = sum(1 for p in b.figures["timeline"] if p["phase"] == "prefill")
+    return {"a_itl_max_s": max(gaps) if gaps else 0.0, "b_ttft_with_a_s": b.figures["ttft"],
+            "b_ttft_alone_s": alone.figures["ttft"], "a_ran_throughout": a_running,
+            "b_chunks": chunks}  # fmt: skip
+
+
+def side_engine_stall(args: dict) -> dict:
+    """The stall scenario once unmeasured (the step-cost model learns this machine's mixed
+    steps, as in an engine that has been serving), then once measured."""
+    engine = start_engine(args, chunked_prefill=args["chunked"], prefix_cache=False)
+    try:
+        if args["warm"]:
+            stall_once(engine, engine.runner.tokenize, args, args["salt"] + 50)
+        result = stall_once(engine, engine.runner.tokenize, args, args["salt"])
+        result["step_cost"] = engine.snapshot()["step_cost"]
+        result["token_budget_1"] = engine.budget.tokens(1)
+    finally:
+        engine.shutdown()
+    return result
+
+
+def side_engine_prefix(args: dict) -> dict:
+    """Second-turn TTFT over a history: the first turn (history → 16 tokens), then the history,
+    the answer and a follow-up question, with the prefix cache on or off."""
+    engine = start_engine(args, prefix_cache=args["prefix_cache"])
+    tok = engine.runner.tokenize
+    try:
+        run(engine, make_tokens(tok, args["history_tokens"], args["salt"] + 50), max_tokens=2)
+        history = make_tokens(tok, args["history_tokens"], args["salt"])
+        first = run(engine, history, max_tokens=16)
+        turn2 = history + tok(first.text, False) + tok(FOLLOW_UP, False)
+        second = run(engine, turn2, max_tokens=2)
+    finally:
+        engine.shutdown()
+    f = second.figures
+    return {"ttft_s": f["ttft"], "cached_tokens": f["cached_tokens"],
+            "prompt_tokens": f["prompt_tokens"]}  # fmt: skip
+
+
+def side_ipc_engine(args: dict) -> dict:
+    """The IPC comparison's in-process side: the same requests as ipc_runner, read by the
+    caller from the handle, with the engine in this process (as runner_main builds it)."""
+    engine = start_engine(args)
+    try:
+        return client_side(engine, args)
+    finally:
+        engine.shutdown()
+

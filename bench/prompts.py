@@ -1,0 +1,32 @@
+"""The benchmark's prompts: plain prose built from a salt, so every process builds the same ones.
+
+No llama_cpp here: each side tokenizes with its own tokenizer (the engine's runner, or raw
+llama.cpp), which is the same `llama_tokenize` call on the same GGUF, so equal (count, salt) give
+equal token ids in every process.
+"""
+
+from collections.abc import Callable
+
+TEXT = (
+    "The household server sits in a cupboard next to the router. It keeps the family's photos, "
+    "runs the backups every night at {n} o'clock, and answers questions from the kitchen tablet. "
+    "When a long document arrives, the server reads all of it before answering, and paragraph "
+    "{n} of the manual explains why reading is fast while writing the answer is slow. "
+)
+FOLLOW_UP = "\nAnd what does paragraph 3 say about backups?\n"
+
+
+def prompt_text(count: int, salt: int) -> str:
+    """About `count` tokens of prose (a little more: make_tokens cuts it to size); `salt`
+    changes the first words, so no two prompts share a prefix (the prefix cache must not help
+    where it is not being measured)."""
+    paragraphs = (TEXT.format(n=salt * 1000 + i) for i in range(count // 40 + 1))
+    return f"Note {salt}: " + "".join(paragraphs)
+
+
+def make_tokens(tokenize: Callable[[str], list[int]], count: int, salt: int) -> list[int]:
+    """Exactly `count` prompt tokens (with the model's BOS, as the engine adds it to text)."""
+    ids = tokenize(prompt_text(count, salt))
+    while len(ids) < count:
+        ids += ids[1:]
+    return ids[:count]

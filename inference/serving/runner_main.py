@@ -1,0 +1,132 @@
+"""A runner process: one loaded model, its engine, and nothing else. The only kind of process
+that imports llama_cpp (through the runner factory it is told to use).
+
+    python -m inference.serving.runner_main FD
+
+FD is this end of a socket pair its supervisor made (inference.serving.runner_process). The
+runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
+kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
+
+1. the main thread reads Submit / Cancel / SnapshotRequest / Shutdown, and answers each Submit
+   and SnapshotRequest at once (a snapshot only reads counters: it never waits for a step);
+2. the engine thread sends every event of every request the moment it happens.
+
+When the supervisor goes away (its end of the connection closes), the runner stops: no runner
+outlives the process that started it. It imports no Django.
+"""
+
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from inference.engine import Engine, EngineStopped, InvalidParams, PromptTooLong, QueueFull
+from inference.serving import messages as m
+
+log = logging.getLogger("inference.runner")
+
+
+class Outbox:
+    """The runner's half of the connection; sends from any thread, one message at a time."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: object) -> None:
+        with self._lock:
+            try:
+                self.conn.send(message)
+            except (OSError, ValueError):  # the supervisor is gone; the main loop sees it too
+                pass
+
+
+def load_runner(launch: m.Launch):
+    module, _, attribute = launch.runner_factory.partition(":")
+    factory = getattr(importlib.import_module(module), attribute)
+    runner = factory(launch.config)
+    warm_up = getattr(runner, "warm_up", None)
+    if warm_up is not None:
+        warm_up()
+    return runner
+
+
+def refusal(request_id: str, exc: Exception) -> m.Refused:
+    if isinstance(exc, InvalidParams):
+        return m.Refused(request_id, "invalid", str(exc), exc.field)
+    if isinstance(exc, PromptTooLong):
+        return m.Refused(request_id, "too_long", str(exc))
+    if isinstance(exc, QueueFull):
+        return m.Refused(request_id, "busy", str(exc))
+    if isinstance(exc, EngineStopped):
+        return m.Refused(request_id, "stopped", str(exc))
+    return m.Refused(request_id, "error", str(exc) or type(exc).__name__)
+
+
+def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            log.info("%s: the supervisor went away; stopping", engine.name)
+            return
+        if isinstance(message, m.Submit):
+            try:
+                engine.submit(
+                    message.prompt, message.params, request_id=message.request_id,
+                    cache_key=message.cache_key, accepted_at=message.accepted_at,
+                    load_time=message.load_time, add_special=message.add_special,
+                    sink=outbox.send,
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - every refusal is an answer
+                outbox.send(refusal(message.request_id, exc))
+            else:
+                # Sent after submit returned: the Accepted can follow the request's first
+                # events, which the supervisor buffers until it sees it.
+                outbox.send(m.Accepted(message.request_id))
+        elif isinstance(message, m.Cancel):
+            engine.cancel(message.request_id)
+        elif isinstance(message, m.SnapshotRequest):
+            outbox.send(m.Snapshot(message.serial, engine.snapshot()))
+        elif isinstance(message, m.Shutdown):
+            engine.shutdown(timeout=message.timeout)
+            outbox.send(m.Stopped())
+            return
+
+
+def run(conn: Connection) -> None:
+    launch: m.Launch = conn.recv()
+    logging.basicConfig(
+        level=launch.log_level, format=f"%(levelname)s runner[{launch.name}] %(name)s: %(message)s"
+    )
+    outbox = Outbox(conn)
+    started = time.perf_counter()
+    try:
+        runner = load_runner(launch)
+    except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead
+        log.warning("loading %s failed: %s", launch.name, exc)
+        outbox.send(m.LoadFailed(str(exc) or type(exc).__name__))
+        return
+    engine = Engine(
+        runner, itl_target=launch.itl_target, max_queue=launch.max_queue, name=launch.name
+    ).start()
+    outbox.send(m.Ready(engine.info(), time.perf_counter() - started, os.getpid()))
+    try:
+        serve(conn, outbox, engine)
+    finally:
+        engine.shutdown(timeout=5)  # a no-op after a Shutdown; the runner closes once
+
+
+def main(argv: list[str]) -> None:
+    conn = Connection(int(argv[1]))
+    try:
+        run(conn)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

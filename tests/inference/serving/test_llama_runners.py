@@ -1,0 +1,151 @@
+"""Runner processes on real llama.cpp with the starter model: the answers, a native fault
+mid-stream, two models at once, and a supervisor that never loads llama.cpp itself."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from inference.engine import SamplingParams
+from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.runner_config import RunnerConfig
+from inference.serving.supervisor import RunnerSupervisor
+
+pytestmark = pytest.mark.model
+
+CHAT = "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.fixture
+def model_spec(starter_path, extra_bufts):
+    def make(name: str = "smol") -> ModelSpec:
+        config = RunnerConfig(
+            str(starter_path), ctx_per_seq=512, parallel=2, cache_slots=1, n_threads=2,
+            use_extra_bufts=extra_bufts,
+        )  # fmt: skip
+        return ModelSpec(name, config, -1)
+
+    return make
+
+
+@pytest.fixture
+def supervisor(tmp_path):
+    return RunnerSupervisor(state_dir=tmp_path)
+
+
+@pytest.fixture
+def host(supervisor):
+    host = EngineHost(engine_factory=supervisor.start, max_loaded=2)
+    yield host
+    host.shutdown()
+
+
+def ask(host, spec, question: str, max_tokens: int = 12):
+    handle = host.submit(spec, CHAT.format(question=question),
+                         SamplingParams(temperature=0, max_tokens=max_tokens))  # fmt: skip
+    return handle.result(timeout=120)
+
+
+def runner_pid(supervisor, name: str) -> int:
+    (row,) = [r for r in supervisor.states() if r["model"] == name]
+    return row["pid"]
+
+
+def test_a_runner_process_answers_as_the_engine_does_in_process(host, model_spec):
+    from inference.engine import Engine
+    from inference.engine.runner import LlamaRunner
+
+    spec = model_spec()
+    remote = ask(host, spec, "Name a colour.")
+    local_engine = Engine(LlamaRunner(spec.config)).start()
+    try:
+        handle = local_engine.submit(CHAT.format(question="Name a colour."),
+                                     SamplingParams(temperature=0, max_tokens=12))  # fmt: skip
+        local = handle.result(timeout=120)
+    finally:
+        local_engine.shutdown()
+    assert remote.type == local.type == "done"
+    assert remote.text == local.text != ""
+    assert remote.figures["ttft"] > 0 and remote.figures["decode_tps"] > 0
+
+
+def test_a_segfault_mid_answer_ends_it_with_the_reason_and_the_next_request_is_served(
+    host, supervisor, model_spec
+):
+    spec = model_spec()
+    handle = host.submit(spec, CHAT.format(question="Tell me a long story about a robot."),
+                         SamplingParams(temperature=0.8, max_tokens=400, seed=1))  # fmt: skip
+    tokens = []
+    for event in handle.events(timeout=120):
+        if event.type == "token":
+            tokens.append(event.text)
+            if len(tokens) == 5:
+                break
+    pid = runner_pid(supervisor, "smol")
+    os.kill(pid, signal.SIGSEGV)
+    killed = time.monotonic()
+    final = handle.result(timeout=3)
+    assert time.monotonic() - killed < 3
+    assert final.type == "error"
+    assert "killed by signal 11 (SIGSEGV) during decode" in final.message
+
+    after = ask(host, spec, "Name a fruit.")
+    assert after.type == "done" and after.text
+    assert runner_pid(supervisor, "smol") not in (None, pid)
+
+
+def test_two_models_loaded_at_once_both_answer_from_their_own_processes(
+    host, supervisor, model_spec
+):
+    first, second = model_spec("first"), model_spec("second")
+    handles = [
+        host.submit(spec, CHAT.format(question="Count to five."),
+                    SamplingParams(temperature=0, max_tokens=16))
+        for spec in (first, second)
+    ]  # fmt: skip
+    finals = [handle.result(timeout=120) for handle in handles]
+    assert [f.type for f in finals] == ["done", "done"]
+    assert finals[0].text == finals[1].text  # the same file, greedy: the same answer
+    assert sorted(r["name"] for r in host.loaded()) == ["first", "second"]
+    assert runner_pid(supervisor, "first") != runner_pid(supervisor, "second")
+
+
+SUPERVISOR_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    from inference.engine import SamplingParams
+    from inference.engine.host import EngineHost, ModelSpec
+    from inference.engine.runner_config import RunnerConfig
+    from inference.serving.supervisor import RunnerSupervisor
+
+    config = RunnerConfig(sys.argv[1], ctx_per_seq=256, parallel=1, cache_slots=0, n_threads=2,
+                          use_extra_bufts=sys.argv[2] == "1")
+    supervisor = RunnerSupervisor()
+    host = EngineHost(engine_factory=supervisor.start)
+    done = host.submit(ModelSpec("m", config, -1), "Hello", SamplingParams(max_tokens=4))
+    final = done.result(timeout=120)
+    (pid,) = supervisor.pids()
+    maps = lambda p: open(f"/proc/{p}/maps").read()
+    print(json.dumps({
+        "answer": final.type,
+        "imported": "llama_cpp" in sys.modules,
+        "mapped": "libllama" in maps(os.getpid()),
+        "runner_mapped": "libllama" in maps(pid),
+    }))
+    host.shutdown()
+""")
+
+
+def test_the_supervising_process_never_loads_llama_cpp(starter_path, extra_bufts):
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISOR_SCRIPT, str(starter_path), "1" if extra_bufts else "0"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"answer": "done", "imported": False, "mapped": False, "runner_mapped": True}
