@@ -1,7 +1,8 @@
 """Benchmark: the engine against raw llama.cpp, each side in a fresh process of its own.
 
     python bench/engine.py [--threads 2] [--rounds 3] [--itl-target-ms 100] [--quick]
-                           [--no-extra-bufts] [--model PATH] [--only SECTION,...] [--verbose]
+                           [--no-extra-bufts] [--model PATH] [--only SECTION,...] [--retries 2]
+                           [--verbose]
 
 This script is only the orchestrator: it never imports llama_cpp. Every measurement is a side,
 `python -m bench.side NAME JSON_ARGS` (bench/side.py), run in a fresh interpreter: each raw
@@ -12,7 +13,16 @@ to a quarter). The runner-process sides (bench/runner_side.py) are clients of Ru
 product's path, and import no llama_cpp either. Rounds are interleaved (engine, raw, engine,
 raw, ...) and every figure is a median over rounds, so machine noise hits both sides alike.
 Both sides use the same kernels: the same threads, flash attention on, the same use_extra_bufts
-(--no-extra-bufts where AMX faults), one KV stream per sequence, the same batch sizes and prompts.
+(--no-extra-bufts where AMX faults), one KV stream per sequence, the same batch sizes and prompts
+(bench/prompts.py: the same salts on both sides; each ends in a count, so greedy answers do not
+stop early). An engine side warms up as a runner process does (LlamaRunner.warm_up on the
+engine thread), so every llama_decode of that process runs on one thread (see
+bench/warmup_thread.py for why).
+
+The figures need a quiet machine: a 2-thread OpenMP team that loses a core to another process
+slows down many times over. Each side waits (up to 30 s) for the machine to be quiet, and a side
+during which other processes took more than 5% of the CPUs runs again (--retries times at most;
+the quietest attempt is kept); each section's line says how much other processes took.
 
 It prints one line per measurement, each goal with "met" / "NOT met", and, last, ONE JSON line:
 
@@ -39,11 +49,16 @@ It prints one line per measurement, each goal with "met" / "NOT met", and, last,
                        TTFT (just before submit() → first token event received), median over
                        the requests; runner-process median − in-process median, in ms
   ipc_decode_ratio     client-observed decode tok/s over 128 tokens, runner process ÷ in-process
+                       (the runner process is started as the product starts it: RunnerProcess,
+                       runner_main, the warm-up at load; the in-process engine as above)
   itl_target_ms        the engine's ITL target (--itl-target-ms)
+
+Sections (--only): basic (prefill, decode, batch4), stall (the stall scenario, chunked and not,
+and the raw frontier), prefix, ipc, second. Sizes: FULL below; --quick uses QUICK.
 
 Goals: a_itl_max_during_b_ms ≤ 110, prefill_ratio ≥ 0.95, decode_ratio ≥ 0.95, batch4_ratio ≥
 0.90, prefix_ttft_ratio ≤ 0.05, second_model_decode_ratio ≥ 0.90, ipc_ttft_overhead_ms ≤ 2,
-ipc_decode_ratio ≥ 0.97, frontier_ttft_ratio ≤ 1.05. --quick is a ~3-minute smoke run (1 round,
+ipc_decode_ratio ≥ 0.97, frontier_ttft_ratio ≤ 1.05. --quick is a 1-3-minute smoke run (1 round,
 smaller sizes): its figures are not the benchmark's.
 """
 
@@ -260,7 +275,9 @@ def bench_stall(side, stall: dict, sizes: dict, rounds: int, results: dict) -> N
                                             warm=sizes["warm_stall"]))  # fmt: skip
             rows[chunked].append(row)
             log(f"  round {r} engine {'chunked' if chunked else 'unchunked'}: A's longest gap "
-                f"{row['a_itl_max_s'] * 1000:.0f} ms, B's TTFT {row['b_ttft_with_a_s']:.2f} s "
+                f"{row['a_itl_max_s'] * 1000:.0f} ms (median {row['a_itl_p50_s'] * 1000:.0f}; "
+                f"{row['a_gaps_over_target']} of {row['a_gaps']} over the target + 10%), "
+                f"B's TTFT {row['b_ttft_with_a_s']:.2f} s "
                 f"with A ({row['b_chunks']} chunks) vs {row['b_ttft_alone_s']:.2f} s alone"
                 + ("" if row["a_ran_throughout"] else "  (warning: A ended before B's first "
                    "token)"))  # fmt: skip

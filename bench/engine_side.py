@@ -10,13 +10,17 @@ from bench.prompts import FOLLOW_UP, make_tokens
 from inference.engine import Engine
 from inference.engine.runner import LlamaRunner
 from inference.engine.runner_config import RunnerConfig
+from inference.serving.runner_main import warm_up
 
 
 def start_engine(args: dict, **engine_kwargs) -> Engine:
-    """The runner warmed up as a runner process does at load, then the engine."""
+    """The engine on a fresh runner, warmed up as a runner process does it
+    (inference.serving.runner_main.warm_up: LlamaRunner.warm_up on the engine thread, where
+    every later llama_decode runs; bench/warmup_thread.py shows why the thread matters)."""
     runner = LlamaRunner(RunnerConfig(**args["config"]))
-    runner.warm_up()
-    return Engine(runner, itl_target=args["itl_target"], max_queue=64, **engine_kwargs).start()
+    engine = Engine(runner, itl_target=args["itl_target"], max_queue=64, **engine_kwargs).start()
+    warm_up(engine)
+    return engine
 
 
 class Recorder:
@@ -58,7 +62,6 @@ def side_engine_basic(args: dict) -> dict:
     engine = start_engine(args)
     tok = engine.runner.tokenize
     try:
-        run(engine, make_tokens(tok, 64, 99_999), max_tokens=4)  # as the raw side's warm-up
         prefill, short = [], []
         for salt in args["prefill_salts"]:
             done = run(engine, make_tokens(tok, args["prefill_tokens"], salt), max_tokens=1)
@@ -119,7 +122,9 @@ def stall_once(engine: Engine, tok, args: dict, salt: int) -> dict:
     chunks = sum(1 for p in b.figures["timeline"] if p["phase"] == "prefill")
     return {"a_itl_max_s": max(gaps) if gaps else 0.0, "b_ttft_with_a_s": b.figures["ttft"],
             "b_ttft_alone_s": alone.figures["ttft"], "a_ran_throughout": a_running,
-            "b_chunks": chunks}  # fmt: skip
+            "b_chunks": chunks, "a_itl_p50_s": statistics.median(gaps) if gaps else 0.0,
+            "a_gaps": len(gaps),
+            "a_gaps_over_target": sum(g > engine.itl_target * 1.1 for g in gaps)}  # fmt: skip
 
 
 def side_engine_stall(args: dict) -> dict:

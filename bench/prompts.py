@@ -14,6 +14,10 @@ TEXT = (
     "{n} of the manual explains why reading is fast while writing the answer is slow. "
 )
 FOLLOW_UP = "\nAnd what does paragraph 3 say about backups?\n"
+# Every prompt ends in a count, which greedy decoding carries on for hundreds of tokens: prose
+# cut mid-sentence often ends in an end-of-generation token within 20 tokens, and then an
+# engine stream stops where the raw baseline (which never stops) decodes on.
+TAIL = " Count: 1, 2, 3,"
 
 
 def prompt_text(count: int, salt: int) -> str:
@@ -24,9 +28,13 @@ def prompt_text(count: int, salt: int) -> str:
     return f"Note {salt}: " + "".join(paragraphs)
 
 
-def make_tokens(tokenize: Callable[[str], list[int]], count: int, salt: int) -> list[int]:
-    """Exactly `count` prompt tokens (with the model's BOS, as the engine adds it to text)."""
-    ids = tokenize(prompt_text(count, salt))
-    while len(ids) < count:
-        ids += ids[1:]
-    return ids[:count]
+def make_tokens(tokenize: Callable[..., list[int]], count: int, salt: int) -> list[int]:
+    """Exactly `count` prompt tokens: the salted prose (with the model's BOS, as the engine
+    adds it to text) cut to size, then TAIL. `tokenize(text, add_special)`."""
+    tail = tokenize(TAIL, False)
+    if count < len(tail) + 6:  # room for BOS and the salted words that keep prompts apart
+        raise ValueError(f"a prompt needs at least {len(tail) + 6} tokens")
+    head = tokenize(prompt_text(count, salt))
+    while len(head) < count:
+        head += head[1:]
+    return head[: count - len(tail)] + tail

@@ -47,11 +47,15 @@ class Outbox:
 def load_runner(launch: m.Launch):
     module, _, attribute = launch.runner_factory.partition(":")
     factory = getattr(importlib.import_module(module), attribute)
-    runner = factory(launch.config)
-    warm_up = getattr(runner, "warm_up", None)
-    if warm_up is not None:
-        warm_up()
-    return runner
+    return factory(launch.config)
+
+
+def warm_up(engine: Engine) -> None:
+    """The runner's warm-up decode, if it has one, on the engine's own thread (where every
+    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it)."""
+    warm = getattr(engine.runner, "warm_up", None)
+    if warm is not None:
+        engine.on_engine_thread(warm).result()
 
 
 def refusal(request_id: str, exc: Exception) -> m.Refused:
@@ -104,15 +108,19 @@ def run(conn: Connection) -> None:
     )
     outbox = Outbox(conn)
     started = time.perf_counter()
+    engine = None
     try:
-        runner = load_runner(launch)
+        engine = Engine(
+            load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
+            name=launch.name,
+        ).start()  # fmt: skip
+        warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead
         log.warning("loading %s failed: %s", launch.name, exc)
         outbox.send(m.LoadFailed(str(exc) or type(exc).__name__))
+        if engine is not None:
+            engine.shutdown(timeout=5)
         return
-    engine = Engine(
-        runner, itl_target=launch.itl_target, max_queue=launch.max_queue, name=launch.name
-    ).start()
     outbox.send(m.Ready(engine.info(), time.perf_counter() - started, os.getpid()))
     try:
         serve(conn, outbox, engine)

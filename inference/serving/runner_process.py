@@ -191,10 +191,6 @@ class RunnerProcess:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(10)  # its exit record and callbacks are done when this returns
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would (tests; a runner that stopped answering)."""
-        self._kill()
-
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
@@ -257,10 +253,6 @@ class RunnerProcess:
     def busy(self) -> bool:
         with self._lock:
             return bool(self._handles)
-
-    def in_flight(self) -> int:
-        with self._lock:
-            return len(self._handles)
 
     def info(self) -> dict:
         return dict(self._info)

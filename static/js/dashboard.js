@@ -249,7 +249,7 @@
     text("t-cpu", pct(a.cpu));
     const cores = a.panels.map((p) => p.cpu_count).filter(Boolean);
     text("t-cpu-tail", cores.length ? "busy, " + cores[0] + " cores" : "busy");
-    text("workers", a.panels.map((p) => (p.mode === "embedded" ? "engine in the web process" : "worker " + p.worker)).join(", "));
+    text("workers", a.panels.map((p) => (p.mode === "embedded" ? "runners supervised by the web process" : "worker " + p.worker)).join(", "));
     const loaded = a.panels.flatMap((p) => p.loaded.map((m) => m.name + (m.busy ? " · answering" : "")));
     const loading = a.panels.map((p) => p.loading).filter(Boolean);
     text("loaded", (loaded.length ? "loaded: " + loaded.join(", ") : "no model loaded") +

@@ -403,3 +403,17 @@ def test_a_snapshot_from_another_thread_while_running_is_sane(make_engine):
     assert final["totals"]["output_tokens"] == 100
     assert final["histograms"]["ttft"]["count"] == 5
     assert final["output_tps"] > 0
+
+
+def test_a_call_runs_on_the_engine_thread_with_its_result_or_its_exception(make_engine):
+    engine, _ = make_engine()
+    assert engine.on_engine_thread(lambda: threading.current_thread().name).result(5) == (
+        "engine-"
+    )
+
+    def broken():
+        raise RuntimeError("warm-up failed")
+
+    with pytest.raises(RuntimeError, match="warm-up failed"):
+        engine.on_engine_thread(broken).result(5)
+    assert engine.alive  # the loop goes on
