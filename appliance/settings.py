@@ -178,9 +178,38 @@ ENGINE_THREADS = envint("ENGINE_THREADS", 0, lo=0, hi=512)  # 0: the model's set
 MAX_LOADED_MODELS = envint("MAX_LOADED_MODELS", 1, lo=1, hi=64)
 DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
 REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
+# Downloads may reach private LAN addresses (10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10);
+# false leaves them only public ones. Loopback, link-local and the appliance's own Redis and
+# database are refused either way (inference.netguard).
+DOWNLOAD_ALLOW_PRIVATE = envbool("DOWNLOAD_ALLOW_PRIVATE", True)
 METRICS_PUBLIC = envbool("METRICS_PUBLIC", False)
 TELEMETRY_INTERVAL_S = envfloat("TELEMETRY_INTERVAL_S", 0.5, lo=0.05, hi=60)
 API_RATE_LIMIT_PER_MINUTE = envint("API_RATE_LIMIT_PER_MINUTE", 120, lo=1, hi=100_000)
+# Sign-in throttling (dashboard.web.throttle): failed sign-ins counted per account and per client
+# address over LOGIN_LOCKOUT_MINUTES; past either limit sign-ins are refused until it ends.
+LOGIN_FAILURES_PER_ACCOUNT = envint("LOGIN_FAILURES_PER_ACCOUNT", 5, lo=1, hi=10_000)
+LOGIN_FAILURES_PER_ADDRESS = envint("LOGIN_FAILURES_PER_ADDRESS", 20, lo=1, hi=100_000)
+LOGIN_LOCKOUT_MINUTES = envint("LOGIN_LOCKOUT_MINUTES", 15, lo=1, hi=24 * 60)
+
+# Django's cache holds the sign-in throttle's counts. Embedded mode: the local-memory cache,
+# which is per process; that is enough, the one web process sees every sign-in (room for many
+# entries, so that a flood of made-up user names cannot push a locked account's count out).
+# Split mode: Redis, so that every web process counts against the same limits.
+if SPLIT_MODE:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "appliance-cache",
+        }
+    }
+else:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "OPTIONS": {"MAX_ENTRIES": 100_000},
+        }
+    }
 WORKER_NAME = envstr("WORKER_NAME", "")
 
 LOGGING = {

@@ -52,13 +52,16 @@ class ApiKey(models.Model):
     """A home app's key: shown once at creation, stored only as a SHA-256 hash."""
 
     class Scope(models.TextChoices):
+        """Each scope includes the ones before it: chat < manage < admin."""
+
         CHAT = "chat", "chat: generate and list models"
-        ADMIN = "admin", "admin: also delete and manage models"
+        MANAGE = "manage", "manage: also load, unload and keep models loaded"
+        ADMIN = "admin", "admin: also delete models"
 
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(max_length=12)  # shown in lists so keys can be told apart
     key_hash = models.CharField(max_length=64, unique=True)
-    scope = models.CharField(max_length=5, choices=Scope.choices, default=Scope.CHAT)
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.CHAT)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
@@ -68,6 +71,13 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def allows(self, scope: str) -> bool:
+        """Whether this key's scope is `scope` or a wider one (an unknown scope allows nothing)."""
+        order = self.Scope.values  # narrowest first
+        if self.scope not in order or scope not in order:
+            return False
+        return order.index(self.scope) >= order.index(scope)
 
     @staticmethod
     def hash(raw: str) -> str:

@@ -58,7 +58,9 @@ class LLMModelAdmin(admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("id", "kind", "state", "progress_percent", "source", "model", "updated_at")
+    # shown_source: a download URL's credentials stay out of the page.
+    list_display = ("id", "kind", "state", "progress_percent", "shown_source", "model",
+                    "updated_at")  # fmt: skip
     list_filter = ("kind", "state")
     readonly_fields = ("created_at", "updated_at")
 

@@ -8,6 +8,10 @@
 3. The complete file is read with the validating GGUF reader, moved into place with one rename
    (same directory, atomic), and registered with the hash computed on the way.
 On failure or cancellation the partial file is removed and nothing is registered.
+
+Every connection, the first and each redirect's, goes through inference.netguard: to an address
+it checked (never loopback, link-local or the appliance's own Redis and database), and the URL's
+credentials are used for the request but never shown on a job or logged.
 """
 
 import hashlib
@@ -15,19 +19,27 @@ import logging
 import os
 import re
 import shutil
+import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import httpx
 from django.conf import settings
 
+from inference import netguard
 from inference.gguf import GGUFError
 from inference.importing import ImportRefused, install_file, safe_filename
 from inference.jobs import JobCancelled, JobProgress
 from inference.models import Job, LLMModel
+from inference.netguard import AddressRefused, DownloadPolicy, RedactURLs, redact_text, redact_url
 
 log = logging.getLogger(__name__)
+# httpx logs each request's URL at INFO, and a download URL may carry a token: the appliance's
+# only httpx requests are downloads, so its log records go out redacted.
+logging.getLogger("httpx").addFilter(RedactURLs())
 
 CHUNK_BYTES = 1 << 20
 ATTEMPTS = 5
@@ -35,6 +47,8 @@ BACKOFF_S = 0.5  # doubled after each failed attempt
 MAX_BACKOFF_S = 30.0
 TIMEOUT_S = 30.0  # per network operation (connect, each read), not the whole download
 MAX_URL_LENGTH = 2000
+MAX_REDIRECTS = 5
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 GGUF_MAGIC = b"GGUF"
 _CONTENT_RANGE = re.compile(r"^bytes\s+(?:(\d+)-(\d+)|\*)/(\d+|\*)$")
 
@@ -73,11 +87,16 @@ def part_path(job_id: int) -> Path:
 
 
 def download_model(
-    job_id: int, *, attempts: int = ATTEMPTS, backoff: float = BACKOFF_S
+    job_id: int,
+    *,
+    attempts: int = ATTEMPTS,
+    backoff: float = BACKOFF_S,
+    policy: DownloadPolicy | None = None,
 ) -> LLMModel | None:
     """Run a download job to the end: the registered model, or None (failed or cancelled;
     the job's row says which and why). Idempotent: a finished job is left alone, and a job
-    redelivered after a worker died resumes from its partial file."""
+    redelivered after a worker died resumes from its partial file. `policy` is where it may
+    connect, by default the settings' (netguard.settings_policy)."""
     job = Job.objects.filter(pk=job_id).first()
     if job is None:
         return None
@@ -88,7 +107,8 @@ def download_model(
     progress = JobProgress(job_id)
     try:
         progress.start("connecting")
-        digest = _fetch_with_retries(job.source, part, progress, attempts, backoff)
+        policy = policy or netguard.settings_policy()
+        digest = _fetch_with_retries(job.source, part, progress, attempts, backoff, policy)
         progress.check()
         model = install_file(part, filename_for(job.source), source=LLMModel.Source.URL,
                              sha256=digest)  # fmt: skip
@@ -97,9 +117,11 @@ def download_model(
     except JobCancelled:
         log.info("download %s cancelled", job_id)
         return None
-    except (DownloadError, GGUFError, ImportRefused, ValueError, OSError, *RETRIED) as exc:
-        log.warning("download %s from %s failed: %s", job_id, job.source, exc)
-        progress.fail(str(exc))
+    except (AddressRefused, DownloadError, GGUFError, ImportRefused, ValueError, OSError,
+            *RETRIED) as exc:  # fmt: skip
+        log.warning("download %s from %s failed: %s", job_id, redact_url(job.source),
+                    _describe(exc))  # fmt: skip
+        progress.fail(_describe(exc))
         return None
     except Exception as exc:  # a time limit or a bug: still a failed job, never "running" forever
         progress.fail(f"the download stopped: {_describe(exc)}")
@@ -109,11 +131,16 @@ def download_model(
 
 
 def _fetch_with_retries(
-    url: str, part: Path, progress: JobProgress, attempts: int, backoff: float
+    url: str,
+    part: Path,
+    progress: JobProgress,
+    attempts: int,
+    backoff: float,
+    policy: DownloadPolicy,
 ) -> str:
     for attempt in range(1, attempts + 1):
         try:
-            return fetch(url, part, progress)
+            return fetch(url, part, progress, policy)
         except RETRIED as exc:
             if attempt == attempts:
                 raise DownloadError(f"gave up after {attempts} attempts: {_describe(exc)}") from exc
@@ -128,10 +155,11 @@ def _fetch_with_retries(
 
 
 def _describe(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__
+    """An error as a job or the log shows it: any URL in it redacted."""
+    return redact_text(str(exc) or type(exc).__name__)
 
 
-def fetch(url: str, part: Path, progress: JobProgress) -> str:
+def fetch(url: str, part: Path, progress: JobProgress, policy: DownloadPolicy) -> str:
     """One attempt: append to `part` from its current length; returns the sha256 of the whole
     file. Raises Interrupted / httpx.TransportError for what a retry can fix."""
     digest = hashlib.sha256()
@@ -139,8 +167,7 @@ def fetch(url: str, part: Path, progress: JobProgress) -> str:
     if have:
         _hash_into(digest, part)  # the resumed file's hash covers the bytes already here
     headers = {"Range": f"bytes={have}-"} if have else {}
-    timeout = httpx.Timeout(TIMEOUT_S)
-    with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as r:
+    with _get(url, headers, policy) as r:
         if r.status_code == 416 and have:
             _, _, total = _content_range(r.headers.get("content-range", ""))
             if total == have:
@@ -183,6 +210,66 @@ def fetch(url: str, part: Path, progress: JobProgress) -> str:
     if total is not None and have != total:
         raise Interrupted(f"the connection closed after {have} of {total} bytes")
     return digest.hexdigest()
+
+
+@contextmanager
+def _get(url: str, headers: dict[str, str], policy: DownloadPolicy) -> Iterator[httpx.Response]:
+    """The streamed answer to GET `url`, following redirects by hand: httpx's own following
+    would connect to each new host unchecked."""
+    redirected_from = None
+    for _ in range(MAX_REDIRECTS + 1):
+        # A client per hop: a pooled connection, keyed by address, could carry one host's TLS
+        # session to another host's request. trust_env=False: a proxy from the environment
+        # would make the connection, not to the address checked.
+        with httpx.Client(timeout=httpx.Timeout(TIMEOUT_S), trust_env=False) as client:
+            try:
+                request = _pinned_request(client, url, headers, policy)
+            except AddressRefused as exc:
+                if redirected_from is None:
+                    raise
+                raise AddressRefused(f"{redirected_from} redirected the download to "
+                                     f"{redact_url(url)}, but {exc}") from exc  # fmt: skip
+            response = client.send(request, stream=True)
+            try:
+                location = response.headers.get("location")
+                if response.status_code not in REDIRECT_STATUSES or location is None:
+                    yield response
+                    return
+            finally:
+                response.close()
+        redirected_from = f"the server at {redact_url(url)}"
+        url = _redirect_target(url, location)
+    raise DownloadError(f"the server redirected the download more than {MAX_REDIRECTS} times")
+
+
+def _redirect_target(url: str, location: str) -> str:
+    target = str(httpx.URL(url).join(location))
+    try:
+        return validate_url(target)
+    except ValueError as exc:
+        raise DownloadError(f"the server at {redact_url(url)} redirected the download to "
+                            f"{redact_url(target)}: {exc}") from exc  # fmt: skip
+
+
+def _pinned_request(
+    client: httpx.Client, url: str, headers: dict[str, str], policy: DownloadPolicy
+) -> httpx.Request:
+    """GET `url`, addressed to the IP address the guard checked rather than to the name: the
+    name is resolved once, here, so it cannot resolve elsewhere between the check and the
+    connect. The server still sees its name in Host and, over https, in SNI and the
+    certificate check (httpcore's sni_hostname)."""
+    target = httpx.URL(url)
+    host = target.raw_host.decode("ascii")
+    port = target.port or (443 if target.scheme == "https" else 80)
+    try:
+        address = netguard.resolve(host, port, policy)
+    except socket.gaierror as exc:  # a retry may find it: the name server may be back
+        raise Interrupted(f"the host {host} was not found ({exc.strerror})") from exc
+    extensions = {"sni_hostname": host} if target.scheme == "https" else {}
+    return client.build_request(
+        "GET", target.copy_with(host=str(address)),
+        headers={**headers, "Host": target.netloc.decode("ascii")}, extensions=extensions,
+    )  # fmt: skip
 
 
 def _content_range(value: str) -> tuple[int | None, int | None, int | None]:

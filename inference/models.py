@@ -2,6 +2,8 @@
 
 from django.db import models
 
+from inference.netguard import redact_url
+
 
 class VisibleModels(models.Manager):
     """Registered models minus hidden ones (a deleted packaged model stays, hidden, so that
@@ -114,6 +116,12 @@ class Job(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    @property
+    def shown_source(self) -> str:
+        """The source as pages show it: a download URL without its credentials (the job still
+        downloads with them)."""
+        return redact_url(self.source)
 
 
 class RequestRecord(models.Model):

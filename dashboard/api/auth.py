@@ -1,5 +1,8 @@
 """API keys: who may call the LAN API, with what scope, how often.
 
+Scopes nest: chat (generate, list) < manage (also load, unload and pin models through the Ollama
+empty-prompt form, and keep_alive beyond a model's own) < admin (also delete models).
+
 Only `Authorization: Bearer <key>` authenticates (what the openai and ollama clients send);
 session cookies never do, so a page a browser visits cannot ride on a logged-in admin's session,
 and CSRF does not apply. Keys are looked up by their SHA-256 hash.
@@ -51,6 +54,21 @@ def _lookup(raw: str) -> ApiKey | None:
     return key
 
 
+def scope_needed(scope: str) -> str:
+    """The scope and the wider ones that include it: "the manage scope (or admin)"."""
+    wider = ApiKey.Scope.values[ApiKey.Scope.values.index(scope) + 1 :]
+    return f"the {scope} scope" + (f" (or {' or '.join(wider)})" if wider else "")
+
+
+def require_scope(key: ApiKey, scope: str, action: str = "this") -> None:
+    """Raise a 403 unless the key's scope includes `scope` (chat < manage < admin)."""
+    if not key.allows(scope):
+        raise ApiError(
+            403, f"{action} needs an API key with {scope_needed(scope)}; this key has the "
+            f"{key.scope} scope", code="insufficient_scope",
+        )  # fmt: skip
+
+
 async def authenticate(request: HttpRequest, scope: str) -> ApiKey:
     """The request's key, checked for scope and rate; raises ApiError (401, 403, 429)."""
     raw = bearer_token(request)
@@ -65,8 +83,7 @@ async def authenticate(request: HttpRequest, scope: str) -> ApiKey:
             401, "the API key is not valid or has been revoked", code="invalid_api_key",
             headers={"WWW-Authenticate": 'Bearer realm="appliance", error="invalid_token"'},
         )  # fmt: skip
-    if scope == ApiKey.Scope.ADMIN and key.scope != ApiKey.Scope.ADMIN:
-        raise ApiError(403, "this needs an API key with the admin scope", code="insufficient_scope")
+    require_scope(key, scope)
     wait = await get_limiter().hit(key.pk)
     if wait is not None:
         limit = settings.API_RATE_LIMIT_PER_MINUTE

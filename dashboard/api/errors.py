@@ -9,7 +9,8 @@ import json
 import math
 from typing import Literal
 
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 
 Dialect = Literal["openai", "ollama"]
 
@@ -91,3 +92,14 @@ def from_event(event: dict) -> ApiError:
     message = event.get("message") or "the generation failed"
     retry = 1.0 if status == 429 else None
     return ApiError(status, message, param=event.get("field"), code=code, retry_after=retry)
+
+
+def unknown_endpoint(dialect: Dialect):
+    """The view for any other path under /v1/ or /api/: a JSON 404 in the dialect its clients
+    read, never the HTML page a browser gets."""
+
+    @csrf_exempt
+    def view(request: HttpRequest, rest: str = "") -> HttpResponse:
+        return ApiError(404, f"there is no endpoint {request.path}").response(dialect)
+
+    return view

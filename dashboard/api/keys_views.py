@@ -19,7 +19,11 @@ class ApiKeyForm(forms.Form):
     name = forms.CharField(
         max_length=100, help_text="the home app that will use it, e.g. home-assistant"
     )
-    scope = forms.ChoiceField(choices=ApiKey.Scope.choices, initial=ApiKey.Scope.CHAT)
+    scope = forms.ChoiceField(
+        choices=ApiKey.Scope.choices, initial=ApiKey.Scope.CHAT,
+        help_text="each scope includes the ones above it; Home Assistant and Open WebUI need "
+        "only chat",
+    )  # fmt: skip
 
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()

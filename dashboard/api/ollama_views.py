@@ -3,7 +3,9 @@
 
 Answers stream as NDJSON by default (`stream: false` gives one object); the last line has
 `done: true`, the done reason and Ollama's timing fields in nanoseconds. An empty conversation
-or prompt loads the model (or, with keep_alive 0, unloads it), as Ollama does.
+or prompt loads the model (or, with keep_alive 0, unloads it), as Ollama does; that needs a key
+with the manage scope. A chat key's keep_alive on a generation can shorten the model's own
+keep-alive but never lengthen or pin it (see `_granted_keep_alive`).
 """
 
 import dataclasses
@@ -15,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.api.auth import api_endpoint
+from dashboard.api.auth import api_endpoint, require_scope
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
@@ -113,7 +115,11 @@ async def delete_model(request: HttpRequest) -> JsonResponse:
 # --- load / unload (an empty conversation) -----------------------------------------------
 
 
-async def _load_or_unload(model: LLMModel, body: OllamaGenerationBase, shape: dict):
+async def _load_or_unload(request, model: LLMModel, body: OllamaGenerationBase, shape: dict):
+    # Loading (which may evict another app's model), unloading and pinning are management, not
+    # chat: a chat key gets a 403 here, in Ollama's error shape.
+    action = "unloading a model" if body.keep_alive == 0 else "loading a model"
+    require_scope(request.api_key, ApiKey.Scope.MANAGE, f"{action} with an empty prompt")
     spec = spec_for(model)
     if body.keep_alive is not None:
         spec = dataclasses.replace(spec, keep_alive=body.keep_alive)
@@ -148,7 +154,9 @@ async def chat(request: HttpRequest) -> HttpResponse:
     body = parse_body(request, OllamaChatRequest)
     model = await resolve_model(body.model)
     if not body.messages:
-        return await _load_or_unload(model, body, {"message": {"role": "assistant", "content": ""}})
+        return await _load_or_unload(
+            request, model, body, {"message": {"role": "assistant", "content": ""}}
+        )
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     prompt = await chat_prompt(model, messages, body.active_tools)
     return await _generate(request, model, body, prompt, "message")
@@ -159,7 +167,7 @@ async def generate(request: HttpRequest) -> HttpResponse:
     body = parse_body(request, OllamaGenerateRequest)
     model = await resolve_model(body.model)
     if not body.prompt:
-        return await _load_or_unload(model, body, {"response": ""})
+        return await _load_or_unload(request, model, body, {"response": ""})
     if body.raw:
         prompt = ChatPrompt(body.prompt, raw_add_special(model, body.prompt), None)
     else:
@@ -180,9 +188,27 @@ def _piece(key: str, text: str, calls: list | None = None) -> dict:
     return {"message": message}
 
 
+def _granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -> float | None:
+    """The keep_alive a generation runs with. A manage or admin key's is used as sent. A chat
+    key's is clamped to the model's own keep-alive (its page, else DEFAULT_KEEP_ALIVE): shorter
+    (0 included) is kept, as it only frees memory sooner, which asking for another model can do
+    anyway; longer or negative (pin for ever) becomes the model's own, so that one app cannot
+    hold the memory every app shares. Clamped, not refused: Home Assistant's Ollama integration
+    sends keep_alive -1 with every request, and its calls must keep working on a chat key."""
+    if asked is None or api_key.allows(ApiKey.Scope.MANAGE):
+        return asked
+    own = spec_for(model).keep_alive
+    if own < 0 or 0 <= asked <= own:
+        return asked
+    log.debug("keep_alive %s from chat key %s clamped to %s's own %s s",
+              asked, api_key.name, model.name, own)  # fmt: skip
+    return None  # the model's own keep-alive
+
+
 async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str):
+    keep_alive = _granted_keep_alive(request.api_key, model, body.keep_alive)
     run = Run(model, prompt.text, body.sampling(), source="ollama",
-              client_name=_client_name(request), keep_alive=body.keep_alive,
+              client_name=_client_name(request), keep_alive=keep_alive,
               add_special=prompt.add_special, cache_key=f"apikey:{request.api_key.pk}")  # fmt: skip
     await run.start()
     parser = prompt.tool_parser()

@@ -102,6 +102,8 @@ def _json(name: str) -> dict:
 
 
 _GENERATION_ERRORS = (400, 401, 404, 413, 429, 503)
+# An empty prompt loads or unloads the model, which needs the manage scope.
+_OLLAMA_GENERATION_ERRORS = (400, 401, 403, 404, 413, 429, 503)
 
 
 @functools.cache
@@ -136,10 +138,10 @@ def build() -> dict:
                                          tag="Ollama")},
         "/api/chat": {"post": _operation(
             "Chat, streamed as NDJSON unless stream: false", ol, lines,
-            body="OllamaChatRequest", errors=_GENERATION_ERRORS, tag="Ollama")},
+            body="OllamaChatRequest", errors=_OLLAMA_GENERATION_ERRORS, tag="Ollama")},
         "/api/generate": {"post": _operation(
             "Generate from a prompt, streamed as NDJSON unless stream: false", ol, lines,
-            body="OllamaGenerateRequest", errors=_GENERATION_ERRORS, tag="Ollama")},
+            body="OllamaGenerateRequest", errors=_OLLAMA_GENERATION_ERRORS, tag="Ollama")},
         "/api/version": {"get": _operation("API version", ol, _json("OllamaVersion"),
                                            tag="Ollama")},
         "/api/delete": {"delete": _operation(

@@ -1,9 +1,10 @@
 """The LAN API (OpenAI- and Ollama-compatible, /metrics, the OpenAPI description) and the
 page that manages its keys."""
 
-from django.urls import path
+from django.urls import path, re_path
 
 from dashboard.api import keys_views, metrics, ollama_views, openai_views, openapi
+from dashboard.api.errors import unknown_endpoint
 
 urlpatterns = [
     # OpenAI
@@ -25,4 +26,7 @@ urlpatterns = [
     # The keys page
     path("api-keys/", keys_views.keys_page, name="api_keys"),
     path("api-keys/<int:key_id>/revoke/", keys_views.revoke_key, name="revoke_api_key"),
+    # Last: every other path of the two dialects is a JSON 404, not an HTML page.
+    re_path(r"^v1/(?P<rest>.*)$", unknown_endpoint("openai")),
+    re_path(r"^api/(?P<rest>.*)$", unknown_endpoint("ollama")),
 ]

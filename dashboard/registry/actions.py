@@ -148,7 +148,7 @@ def download(request: HttpRequest) -> HttpResponse:
     dispatch(tasks.download_model, job.id)
     if wants_json(request):
         return JsonResponse(job_json(job), status=202)
-    messages.info(request, f"Downloading {job.source}: progress below.")
+    messages.info(request, f"Downloading {job.shown_source}: progress below.")
     return redirect("models")
 
 

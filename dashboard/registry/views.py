@@ -261,7 +261,7 @@ def job_json(job: Job) -> dict:
         "state": job.state,
         "progress": job.progress,
         "message": job.message,
-        "source": job.source,
+        "source": job.shown_source,
         "model": model.name if model else None,
         "model_url": reverse("model-detail", args=[model.name]) if model and not model.hidden
         else None,

@@ -5,11 +5,12 @@ from django.urls import path
 
 from dashboard.web import health, views
 from dashboard.web.security import with_csp
+from dashboard.web.throttle import ThrottledLoginView
 
 urlpatterns = [
-    path(
+    path(  # Django's LoginView, with the failed sign-in limits (dashboard.web.throttle)
         "login/",
-        with_csp(auth_views.LoginView.as_view(redirect_authenticated_user=True)),
+        with_csp(ThrottledLoginView.as_view(redirect_authenticated_user=True)),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -6,11 +6,17 @@ from dashboard.models import ApiKey
 
 
 class Command(BaseCommand):
-    help = "Create an API key NAME (scope chat, or admin with --scope admin); prints it once."
+    help = (
+        "Create an API key NAME with the scope chat (the default), manage (also load, unload "
+        "and keep models loaded) or admin (also delete models); prints it once."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("name", help="the home app that will use the key")
-        parser.add_argument("--scope", choices=ApiKey.Scope.values, default=ApiKey.Scope.CHAT)
+        parser.add_argument(
+            "--scope", choices=ApiKey.Scope.values, default=ApiKey.Scope.CHAT,
+            help="; ".join(label for _, label in ApiKey.Scope.choices),
+        )  # fmt: skip
 
     def handle(self, *args, name: str, scope: str, **options) -> None:
         name = name.strip()

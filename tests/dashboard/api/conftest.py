@@ -42,5 +42,10 @@ def chat_headers(appliance) -> dict:
 
 
 @pytest.fixture
+def manage_headers(appliance) -> dict:
+    return appliance.headers("manage-app")
+
+
+@pytest.fixture
 def admin_headers(appliance) -> dict:
     return appliance.headers("admin-app")

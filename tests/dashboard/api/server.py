@@ -71,8 +71,9 @@ def prepare(data_dir: Path) -> Appliance:
     appliance.manage("migrate", "--no-input", "-v", "0")
     appliance.manage("bootstrap")
     appliance.shell(SETUP)
-    # Two keys through the management command, as an admin would; the rest in one process.
+    # Keys through the management command, as an admin would; the rest in one process.
     appliance.create_key("admin-app", "admin")
+    appliance.create_key("manage-app", "manage")
     appliance.create_key("chat-app")
     appliance.create_keys(
         ["revoked-app", "limited-app", "openai-limited", "ollama-limited", *BUSY_KEYS]

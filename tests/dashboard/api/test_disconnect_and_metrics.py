@@ -50,6 +50,8 @@ def total(found: dict, name: str, **labels) -> float:
 def test_a_client_that_disconnects_mid_stream_frees_its_sequence(
     http, appliance, admin_headers, chat_headers, path, body
 ):
+    # A stream an earlier test left is cancelled asynchronously: let it end before counting.
+    assert wait_until(lambda: appliance.running_sequences() == 0)
     before = samples(http, admin_headers)
     with httpx.Client(base_url=appliance.url, timeout=120) as client:
         with client.stream("POST", path, json=body, headers=chat_headers) as response:

@@ -154,7 +154,7 @@ def test_home_assistants_call_sequence_works(client):
     assert model.details.format == "gguf"
 
 
-def test_keep_alive_zero_unloads_after_the_answer_and_an_empty_chat_loads(client):
+def test_keep_alive_zero_unloads_after_the_answer_and_an_empty_chat_loads(client, appliance):
     answer = client.chat(
         model=TAG,
         messages=[{"role": "user", "content": "Hi"}],
@@ -164,13 +164,17 @@ def test_keep_alive_zero_unloads_after_the_answer_and_an_empty_chat_loads(client
     )
     assert answer.done
     assert wait_until(lambda: TAG not in loaded(client))
-    loading = client.chat(model=TAG, messages=[], keep_alive=-1)
+    # Loading and unloading with an empty prompt need a key with the manage scope.
+    manager = ollama.Client(
+        host=appliance.url, headers=appliance.headers("manage-app"), timeout=120
+    )
+    loading = manager.chat(model=TAG, messages=[], keep_alive=-1)
     assert loading.done and loading.done_reason == "load"
     assert TAG in loaded(client)
-    unloading = client.generate(model=TAG, prompt="", keep_alive=0)
+    unloading = manager.generate(model=TAG, prompt="", keep_alive=0)
     assert unloading.done_reason == "unload"
     assert TAG not in loaded(client)
-    assert client.generate(model=TAG, prompt="", keep_alive="-1").done_reason == "load"
+    assert manager.generate(model=TAG, prompt="", keep_alive="-1").done_reason == "load"
 
 
 def test_an_unknown_model_is_a_404(client):

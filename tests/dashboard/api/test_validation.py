@@ -185,3 +185,19 @@ def test_a_prompt_longer_than_the_context_is_a_400_before_any_stream(http, chat_
         "/api/generate", headers=chat_headers, json={"model": STARTER, "prompt": long, "raw": True}
     )
     assert ollama.status_code == 400 and "tokens" in ollama.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [("/v1/embeddings", "openai"), ("/v1/models/", "openai"), ("/api/pull", "ollama"),
+     ("/api/no/such/thing", "ollama")],
+)  # fmt: skip
+def test_an_unknown_api_path_is_a_json_404_in_its_dialect(http, path, shape):
+    response = http.post(path, json={})
+    assert response.status_code == 404
+    assert response.headers["Content-Type"] == "application/json"
+    error = response.json()["error"]
+    if shape == "openai":
+        assert "no endpoint" in error["message"] and error["type"] == "invalid_request_error"
+    else:
+        assert "no endpoint" in error

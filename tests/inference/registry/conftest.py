@@ -1,9 +1,11 @@
 """A models directory of the test's own, tiny GGUF files in and outside it, and a LAN server."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from inference import netguard
 from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
 from tests.inference.registry.http_server import ModelServer
 
@@ -34,8 +36,15 @@ def corrupt_file(tmp_path, outside_file) -> Path:
 
 
 @pytest.fixture
-def model_server(outside_file):
+def model_server(outside_file, monkeypatch):
+    """The LAN server, on loopback, which the download guard refuses: downloads (through the
+    view and the task too) get the settings' policy with this one server trusted."""
     server = ModelServer({"tiny.gguf": outside_file.read_bytes(), "page.html": b"<html>" * 100})
     server.start()
+    of_settings = netguard.settings_policy
+    trusted = frozenset({server.endpoint})
+    monkeypatch.setattr(
+        netguard, "settings_policy", lambda: replace(of_settings(), trusted=trusted)
+    )
     yield server
     server.stop()

@@ -1,12 +1,14 @@
 """A real HTTP server on localhost that serves model files with Range support, and can misbehave
 the ways a LAN server does: drop the connection part-way, ignore Range, trickle slowly, stall
-until the test lets it go on."""
+until the test lets it go on, redirect elsewhere."""
 
+import ipaddress
 import re
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
 
 PIECE = 1024
 
@@ -15,6 +17,8 @@ class ModelServer:
     def __init__(self, files: dict[str, bytes]):
         self.files = files
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.headers: list[dict[str, str]] = []  # every request's headers, names in lower case
+        self.redirects: dict[str, str] = {}  # path -> Location of a 302
         self.drop_after: int | None = None  # bytes sent before dropping the connection…
         self.drops_left = 0  # …on this many requests
         self.delay = 0.0  # seconds between pieces
@@ -33,9 +37,17 @@ class ModelServer:
         self._server.shutdown()
         self._server.server_close()
 
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    @property
+    def endpoint(self) -> tuple[ipaddress.IPv4Address, int]:
+        """What a download policy trusts to reach this server."""
+        return ipaddress.ip_address("127.0.0.1"), self.port
+
     def url(self, name: str) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}/{name}"
+        return f"http://127.0.0.1:{self.port}/{name}"
 
     def _handler(self):
         owner = self
@@ -47,9 +59,16 @@ class ModelServer:
                 pass
 
             def do_GET(self) -> None:
-                name = self.path.lstrip("/")
+                name = urlsplit(self.path).path.lstrip("/")
                 asked = self.headers.get("Range")
                 owner.requests.append((name, asked))
+                owner.headers.append({k.lower(): v for k, v in self.headers.items()})
+                if name in owner.redirects:
+                    self.send_response(302)
+                    self.send_header("Location", owner.redirects[name])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = owner.files.get(name)
                 if body is None:
                     self.send_error(404)
