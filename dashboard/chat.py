@@ -167,12 +167,14 @@ def _render(model: LLMModel, messages: list[dict]) -> str:
         raise ChatRefused("template", f"the model's chat template failed: {exc}") from None
 
 
-def _generation(model: LLMModel, prompt: str, conversation_id: int) -> Generation:
+def _generation(model: LLMModel, prompt: str, conversation: Conversation) -> Generation:
     params = {**CHAT_DEFAULT_PARAMS, **(model.default_params or {})}
     params = {key: value for key, value in params.items() if key in _SAMPLING_FIELDS}
+    # A person's conversations reuse only their own KV (the prefix cache is partitioned).
     return Generation(
-        model=model.name, prompt=prompt, params=params, cache_key=f"conv-{conversation_id}"
-    )
+        model=model.name, prompt=prompt, params=params, cache_key=f"conv-{conversation.pk}",
+        cache_partition=f"user:{conversation.user_id}",
+    )  # fmt: skip
 
 
 def _title(content: str) -> str:
@@ -211,7 +213,7 @@ def prepare_send(
                 conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
             _claim(conversation.pk)
             claimed.append(conversation.pk)
-            generation = _generation(model, prompt, conversation.pk)
+            generation = _generation(model, prompt, conversation)
             asked = Message.objects.create(
                 conversation=conversation, role=Message.Role.USER, content=content
             )
@@ -247,7 +249,7 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
     _claim(conversation.pk)
     try:
         with transaction.atomic():
-            generation = _generation(model, prompt, conversation.pk)
+            generation = _generation(model, prompt, conversation)
             if replaced is not None:
                 replaced.delete()
             answer = Message.objects.create(

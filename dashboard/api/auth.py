@@ -129,3 +129,9 @@ def api_endpoint(
         return csrf_exempt(wrapper)
 
     return decorate
+
+
+def cache_partition(request: HttpRequest) -> str:
+    """The prefix-cache partition of the request's API key: an app reuses, and learns about,
+    only the KV of its own earlier requests."""
+    return f"apikey:{request.api_key.pk}"

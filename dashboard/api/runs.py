@@ -41,11 +41,13 @@ class Run:
         keep_alive: float | None = None,
         add_special: bool = True,
         cache_key: str | None = None,
+        cache_partition: str | None = None,
     ):
         self.model = model
         self.generation = Generation(
             model=model.name, prompt=prompt, params={**_model_defaults(model), **params},
             keep_alive=keep_alive, add_special=add_special, cache_key=cache_key,
+            cache_partition=cache_partition,
         )  # fmt: skip
         self.source = source
         self.client_name = client_name

@@ -123,6 +123,7 @@ class Engine:
         *,
         request_id: str | None = None,
         cache_key: str | None = None,
+        cache_partition: str | None = None,
         accepted_at: float | None = None,
         load_time: float = 0.0,
         add_special: bool = True,
@@ -148,6 +149,7 @@ class Engine:
             params=params or SamplingParams(),
             accepted_at=accepted,
             cache_key=cache_key,
+            cache_partition=cache_partition,
             load_time=load_time,
         )
         handle = RequestHandle(request.id, self.cancel, sink)

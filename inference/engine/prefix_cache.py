@@ -3,7 +3,9 @@
 The context holds `n_slots` sequence ids. A slot is busy (a running request owns it), cached (it
 holds the KV of a finished turn, tagged with its tokens and conversation), or empty. A new request
 takes the idle slot whose tokens share the longest prefix with its prompt, so the next turn of a
-conversation only prefills what is new; cached slots are evicted least-recently-used.
+conversation only prefills what is new; cached slots are evicted least-recently-used. A slot's
+KV is reused only within its partition (an app's key, a user): another partition's slot is
+unrelated to the prompt, whatever it holds, so neither its text nor its length can be learnt.
 
 This module only does bookkeeping: it returns the KV edits (`KvTrim`) that the runner must apply.
 """
@@ -24,6 +26,7 @@ class Slot:
     seq_id: int
     tokens: list[int] = field(default_factory=list)  # what this slot's KV holds when idle
     cache_key: str | None = None
+    partition: str | None = None  # whose KV it holds
     last_used: int = 0
     busy: bool = False
 
@@ -61,7 +64,9 @@ class PrefixCache:
     def has_free_slot(self) -> bool:
         return any(not s.busy for s in self.slots)
 
-    def choose(self, prompt_ids: list[int], cache_key: str | None) -> tuple[Slot, int]:
+    def choose(
+        self, prompt_ids: list[int], cache_key: str | None, partition: str | None = None
+    ) -> tuple[Slot, int]:
         """The idle slot to run this prompt in, and how many prompt tokens it already holds.
 
         At least one prompt token is always left to compute, since sampling needs its logits.
@@ -71,8 +76,9 @@ class PrefixCache:
             raise RuntimeError("no idle slot")
 
         def preference(slot: Slot) -> tuple:
-            shared = common_prefix(slot.tokens, prompt_ids) if self.enabled else 0
-            same_conversation = cache_key is not None and slot.cache_key == cache_key
+            ours = slot.partition == partition or not slot.tokens
+            shared = common_prefix(slot.tokens, prompt_ids) if self.enabled and ours else 0
+            same_conversation = ours and cache_key is not None and slot.cache_key == cache_key
             if not same_conversation and shared < MIN_REUSE_FRACTION * len(slot.tokens):
                 # A BOS token or a common system prompt is not worth another conversation's
                 # cache: such a slot counts as unrelated (empty or least recently used wins).
@@ -85,12 +91,15 @@ class PrefixCache:
         shared = preference(best)[0]
         return best, min(shared, len(prompt_ids) - 1)
 
-    def take(self, slot: Slot, reused: int, cache_key: str | None) -> KvTrim | None:
+    def take(
+        self, slot: Slot, reused: int, cache_key: str | None, partition: str | None = None
+    ) -> KvTrim | None:
         """Mark `slot` busy, keeping only its first `reused` tokens of KV."""
         trim = KvTrim(slot.seq_id, reused) if len(slot.tokens) > reused else None
         slot.busy = True
         slot.tokens = []
         slot.cache_key = cache_key
+        slot.partition = partition
         return trim
 
     def evict_one(self, keep: Slot) -> KvTrim | None:

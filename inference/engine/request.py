@@ -33,6 +33,10 @@ class Request:
     params: SamplingParams
     accepted_at: float
     cache_key: str | None = None  # a conversation id: its KV prefix is kept for its next turn
+    # Whose KV this request may reuse and learn about (an app's key, a user): None is one
+    # partition too. Reuse across partitions would tell B, through its cached-token count,
+    # how far its prompt matches A's conversation.
+    cache_partition: str | None = None
     load_time: float = 0.0  # model load charged to this request by whoever loaded it
     max_new_tokens: int = 0  # max_tokens clamped to what the context can hold; set on admission
 

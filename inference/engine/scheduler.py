@@ -146,7 +146,9 @@ class Scheduler:
         return request.prompt_len + request.max_new_tokens
 
     def _admit(self, request: Request, plan: StepPlan, now: float) -> bool:
-        slot, reused = self.cache.choose(request.prompt_ids, request.cache_key)
+        slot, reused = self.cache.choose(
+            request.prompt_ids, request.cache_key, request.cache_partition
+        )
         request.max_new_tokens = min(
             request.params.max_tokens, self.ctx_per_seq - request.prompt_len
         )
@@ -161,7 +163,7 @@ class Scheduler:
             if trim is None:
                 return False
             plan.kv_trims.append(trim)
-        trim = self.cache.take(slot, reused, request.cache_key)
+        trim = self.cache.take(slot, reused, request.cache_key, request.cache_partition)
         if trim:
             plan.kv_trims.append(trim)
         self._reserved += need

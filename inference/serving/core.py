@@ -67,7 +67,8 @@ async def serve(
         submitting = asyncio.ensure_future(asyncio.to_thread(
             host.submit, spec, generation.prompt, params,
             keep_alive=generation.keep_alive, accepted_at=generation.accepted_perf(),
-            request_id=rid, cache_key=generation.cache_key, add_special=generation.add_special,
+            request_id=rid, cache_key=generation.cache_key,
+            cache_partition=generation.cache_partition, add_special=generation.add_special,
         ))  # fmt: skip
         try:
             handle = await asyncio.shield(submitting)

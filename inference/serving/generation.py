@@ -18,6 +18,7 @@ class Generation:
     params: dict = field(default_factory=dict)  # SamplingParams fields
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     cache_key: str | None = None  # conversation id, for the prefix cache
+    cache_partition: str | None = None  # whose cached KV it may reuse: "apikey:<id>", "user:<id>"
     keep_alive: float | None = None  # seconds; None: the model's own setting
     add_special: bool = True
     accepted_wall: float = field(default_factory=time.time)  # wall clock: crosses processes

@@ -52,6 +52,7 @@ class Submit:
     load_time: float = 0.0
     cache_key: str | None = None
     add_special: bool = True
+    cache_partition: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -81,7 +81,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             try:
                 engine.submit(
                     message.prompt, message.params, request_id=message.request_id,
-                    cache_key=message.cache_key, accepted_at=message.accepted_at,
+                    cache_key=message.cache_key, cache_partition=message.cache_partition,
+                    accepted_at=message.accepted_at,
                     load_time=message.load_time, add_special=message.add_special,
                     sink=outbox.send,
                 )  # fmt: skip

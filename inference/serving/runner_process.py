@@ -204,6 +204,7 @@ class RunnerProcess:
         *,
         request_id: str | None = None,
         cache_key: str | None = None,
+        cache_partition: str | None = None,
         accepted_at: float | None = None,
         load_time: float = 0.0,
         add_special: bool = True,
@@ -222,7 +223,7 @@ class RunnerProcess:
             self._handles[request_id] = handle
             self._phases[request_id] = "waiting"
         self._send(m.Submit(request_id, prompt, params or SamplingParams(), accepted,
-                            load_time, cache_key, add_special))  # fmt: skip
+                            load_time, cache_key, add_special, cache_partition))  # fmt: skip
         if not pending.done.wait(SUBMIT_TIMEOUT_S):
             self._forget(request_id)
             raise EngineStopped(f"the runner for {self.name} did not answer")

@@ -139,3 +139,30 @@ def test_the_stop_string_ends_the_answer(client):
         model=STARTER, prompt="1, 2, 3, 4,", max_tokens=12, temperature=0, stop=["7"]
     )
     assert "7" not in answer.choices[0].text
+
+
+def test_one_app_never_learns_from_the_cache_how_far_it_matches_anothers_conversation(appliance):
+    def app(key: str) -> OpenAI:
+        return OpenAI(base_url=f"{appliance.url}/v1", api_key=appliance.keys[key],
+                      max_retries=0, timeout=120)  # fmt: skip
+
+    secret = [
+        {"role": "system", "content": "The door code is 7 6 6 1. Never tell anyone."},
+        {"role": "user", "content": "Remind me of the plan for tonight, please."},
+    ]
+    first = app("chat-app").chat.completions.create(
+        model=STARTER, messages=secret, max_tokens=4, temperature=0
+    )
+    follow_up = [*secret, {"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "Thanks."}]  # fmt: skip
+
+    other = app("busy-0").chat.completions.create(
+        model=STARTER, messages=follow_up, max_tokens=2, temperature=0
+    )
+    assert other.usage.prompt_tokens_details.cached_tokens == 0
+    assert other.model_extra["timings"]["cache_n"] == 0
+
+    own = app("chat-app").chat.completions.create(
+        model=STARTER, messages=follow_up, max_tokens=2, temperature=0
+    )
+    assert own.usage.prompt_tokens_details.cached_tokens > 20  # its own turn is reused
