@@ -185,6 +185,9 @@ DOWNLOAD_ALLOW_PRIVATE = envbool("DOWNLOAD_ALLOW_PRIVATE", True)
 METRICS_PUBLIC = envbool("METRICS_PUBLIC", False)
 TELEMETRY_INTERVAL_S = envfloat("TELEMETRY_INTERVAL_S", 0.5, lo=0.05, hi=60)
 API_RATE_LIMIT_PER_MINUTE = envint("API_RATE_LIMIT_PER_MINUTE", 120, lo=1, hi=100_000)
+# What one app or one person may hold at once (dashboard.limits).
+MAX_STREAMS_PER_KEY = envint("MAX_STREAMS_PER_KEY", 16, lo=1, hi=10_000)
+MAX_SOCKETS_PER_USER = envint("MAX_SOCKETS_PER_USER", 8, lo=1, hi=10_000)
 # Sign-in throttling (dashboard.web.throttle): failed sign-ins counted per account and per client
 # address over LOGIN_LOCKOUT_MINUTES; past either limit sign-ins are refused until it ends.
 LOGIN_FAILURES_PER_ACCOUNT = envint("LOGIN_FAILURES_PER_ACCOUNT", 5, lo=1, hi=10_000)

@@ -27,8 +27,10 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from dashboard import chat
+from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.panels import panels
 
@@ -38,6 +40,7 @@ MAX_FRAME_CHARS = 256 * 1024  # content is capped at 32k characters; JSON escape
 DISCONNECT_GRACE_S = 5.0  # waiting for a cancelled turn to save; within Daphne's close timeout
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_TOO_MANY = 4429
 
 
 def _finite(value: Any) -> Any:
@@ -64,6 +67,7 @@ class ChatConsumer(_JsonConsumer):
     turn: chat.Turn | None = None
     task: asyncio.Task | None = None
     closed = False
+    holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -71,6 +75,16 @@ class ChatConsumer(_JsonConsumer):
             await self.close(code=CLOSE_UNAUTHORIZED)
             return
         await self.accept()
+        holder = f"user:{user.pk}"
+        cap = settings.MAX_SOCKETS_PER_USER
+        if not chat_sockets.take(holder, cap):
+            # Accepted first, so the page can show why: each socket runs one answer at a time,
+            # and one person's windows must not fill the engine's queue for the household.
+            await self.send_error("too_many", f"you have {cap} chats open already; close one "
+                                  "of them to chat here")  # fmt: skip
+            await self.close(code=CLOSE_TOO_MANY)
+            return
+        self.holder = holder
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         if text_data is None:
@@ -158,6 +172,14 @@ class ChatConsumer(_JsonConsumer):
 
     async def disconnect(self, code) -> None:
         self.closed = True
+        try:
+            await self._end_turn()
+        finally:
+            if self.holder is not None:
+                chat_sockets.give_back(self.holder)
+                self.holder = None
+
+    async def _end_turn(self) -> None:
         task, turn = self.task, self.turn
         if task is None or task.done() or turn is None:
             return

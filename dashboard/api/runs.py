@@ -11,8 +11,10 @@ import logging
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 
 from dashboard.api.errors import ApiError, from_event
+from dashboard.limits import api_streams
 from inference.history import record_request
 from inference.models import LLMModel
 from inference.registry import UnknownModel, resolve, spec_for
@@ -56,6 +58,7 @@ class Run:
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
         self._closed = False
+        self._held_by: str | None = None  # the app holding one of its MAX_STREAMS_PER_KEY
 
     @property
     def id(self) -> str:
@@ -63,6 +66,17 @@ class Run:
 
     async def start(self) -> None:
         """Wait for the first event; raises ApiError if the request was refused."""
+        app = self.generation.cache_partition  # the API key's own partition: "apikey:<id>"
+        if app is not None:
+            if not api_streams.take(app, settings.MAX_STREAMS_PER_KEY):
+                self._closed = True  # never started: nothing to cancel or record
+                await self._stream.aclose()
+                raise ApiError(
+                    429, f"this app already has {settings.MAX_STREAMS_PER_KEY} answers running "
+                    "(MAX_STREAMS_PER_KEY); wait for one to end", code="too_many_streams",
+                    retry_after=1.0,
+                )  # fmt: skip
+            self._held_by = app
         try:
             event = await anext(self._stream, None)
         except BaseException:
@@ -105,6 +119,8 @@ class Run:
         try:
             await self._stream.aclose()
         finally:
+            if self._held_by is not None:
+                api_streams.give_back(self._held_by)
             await self._record()
 
     async def _record(self) -> None:
