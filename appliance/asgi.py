@@ -1,5 +1,5 @@
-"""The one composition point: HTTP through Django, WebSockets through Channels with origin and
-session checks."""
+"""The one composition point: HTTP through the body gate into Django, WebSockets through
+Channels with origin and session checks."""
 
 import os
 
@@ -13,11 +13,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from appliance.gate import BodyGate  # noqa: E402
 from dashboard.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        # Refuses hostile bodies from the headers alone and stamps arrival (appliance.gate).
+        "http": BodyGate(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),

@@ -30,7 +30,8 @@ class MessageAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "scope", "revoked", "created_at", "last_used_at")
+    list_display = ("name", "prefix", "scope", "household", "revoked", "created_at",
+                    "last_used_at")  # fmt: skip
     list_filter = ("scope", "revoked")
     readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
     actions = ["revoke"]

@@ -167,13 +167,15 @@ def _render(model: LLMModel, messages: list[dict]) -> str:
         raise ChatRefused("template", f"the model's chat template failed: {exc}") from None
 
 
-def _generation(model: LLMModel, prompt: str, conversation: Conversation) -> Generation:
+def _generation(
+    model: LLMModel, prompt: str, conversation: Conversation, arrived: float
+) -> Generation:
     params = {**CHAT_DEFAULT_PARAMS, **(model.default_params or {})}
     params = {key: value for key, value in params.items() if key in _SAMPLING_FIELDS}
     # A person's conversations reuse only their own KV (the prefix cache is partitioned).
     return Generation(
         model=model.name, prompt=prompt, params=params, cache_key=f"conv-{conversation.pk}",
-        cache_partition=f"user:{conversation.user_id}",
+        cache_partition=f"user:{conversation.user_id}", accepted_wall=arrived,
     )  # fmt: skip
 
 
@@ -191,6 +193,7 @@ def prepare_send(
     model_name: str | None,
     system_prompt: str | None,
 ) -> Turn:
+    arrived = time.time()  # the turn's clock starts before the checks and the prompt rendering
     user = _check_user(user_id, session)
     conversation = _own_conversation(user, conversation_id) if conversation_id else None
     model = _model(model_name or (conversation.model_name if conversation else None))
@@ -213,7 +216,7 @@ def prepare_send(
                 conversation.save(update_fields=["model_name", "system_prompt", "updated_at"])
             _claim(conversation.pk)
             claimed.append(conversation.pk)
-            generation = _generation(model, prompt, conversation)
+            generation = _generation(model, prompt, conversation, arrived)
             asked = Message.objects.create(
                 conversation=conversation, role=Message.Role.USER, content=content
             )
@@ -235,6 +238,7 @@ def prepare_send(
 def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversation_id: int) -> Turn:
     """Replace the conversation's last answer with a new one (or answer a last, unanswered
     question)."""
+    arrived = time.time()  # the turn's clock starts before the checks and the prompt rendering
     user = _check_user(user_id, session)
     conversation = _own_conversation(user, conversation_id)
     last = conversation.messages.last()
@@ -249,7 +253,7 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
     _claim(conversation.pk)
     try:
         with transaction.atomic():
-            generation = _generation(model, prompt, conversation)
+            generation = _generation(model, prompt, conversation, arrived)
             if replaced is not None:
                 replaced.delete()
             answer = Message.objects.create(

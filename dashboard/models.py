@@ -65,6 +65,12 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    # Keys with the same household name share one prefix-cache partition (their apps reuse one
+    # another's KV, e.g. a long common system prompt); empty: the key is a partition of its own.
+    household = models.CharField(
+        max_length=40, blank=True,
+        help_text="keys with the same household share their cached prompts (empty: none)",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["name"]
@@ -79,13 +85,21 @@ class ApiKey(models.Model):
             return False
         return order.index(self.scope) >= order.index(scope)
 
+    @property
+    def cache_partition(self) -> str:
+        """Whose cached KV this key's requests may reuse and learn about."""
+        return f"household:{self.household}" if self.household else f"apikey:{self.pk}"
+
     @staticmethod
     def hash(raw: str) -> str:
         return hashlib.sha256(raw.encode()).hexdigest()
 
     @classmethod
-    def create(cls, name: str, scope: str = Scope.CHAT) -> tuple["ApiKey", str]:
+    def create(
+        cls, name: str, scope: str = Scope.CHAT, household: str = ""
+    ) -> tuple["ApiKey", str]:
         """Create a key; returns the record and the raw key, which is never stored."""
         raw = "hla-" + secrets.token_urlsafe(32)
-        key = cls.objects.create(name=name, prefix=raw[:10], key_hash=cls.hash(raw), scope=scope)
+        key = cls.objects.create(name=name, prefix=raw[:10], key_hash=cls.hash(raw), scope=scope,
+                                 household=household)  # fmt: skip
         return key, raw

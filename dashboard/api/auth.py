@@ -131,7 +131,13 @@ def api_endpoint(
     return decorate
 
 
+def app_id(request: HttpRequest) -> str:
+    """The app behind the request: its key. Its conversation for the prefix cache, and what
+    MAX_STREAMS_PER_KEY counts."""
+    return f"apikey:{request.api_key.pk}"
+
+
 def cache_partition(request: HttpRequest) -> str:
     """The prefix-cache partition of the request's API key: an app reuses, and learns about,
-    only the KV of its own earlier requests."""
-    return f"apikey:{request.api_key.pk}"
+    only the KV of its own earlier requests (or its household's, when an admin set one)."""
+    return request.api_key.cache_partition

@@ -25,6 +25,12 @@ class ApiKeyForm(forms.Form):
         "only chat",
     )  # fmt: skip
 
+    household = forms.SlugField(
+        max_length=40, required=False,
+        help_text="optional: keys with the same household share cached prompts (a long common "
+        "system prompt is then read once for all of them); empty keeps this app's cache its own",
+    )  # fmt: skip
+
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()
         if ApiKey.objects.filter(name=name).exists():
@@ -52,7 +58,8 @@ def keys_page(request: HttpRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST)
     if not form.is_valid():
         return _page(request, form, status=400)
-    key, raw = ApiKey.create(form.cleaned_data["name"], form.cleaned_data["scope"])
+    key, raw = ApiKey.create(form.cleaned_data["name"], form.cleaned_data["scope"],
+                             household=form.cleaned_data["household"])  # fmt: skip
     # Rendered, not redirected: the raw key must not pass through the session or a URL.
     return _page(request, ApiKeyForm(), new_key=raw)
 

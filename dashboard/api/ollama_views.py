@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.api.auth import api_endpoint, cache_partition, require_scope
+from dashboard.api.auth import api_endpoint, app_id, cache_partition, require_scope
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
@@ -209,7 +209,7 @@ async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str
     keep_alive = _granted_keep_alive(request.api_key, model, body.keep_alive)
     run = Run(model, prompt.text, body.sampling(), source="ollama",
               client_name=_client_name(request), keep_alive=keep_alive,
-              add_special=prompt.add_special, cache_key=cache_partition(request),
+              add_special=prompt.add_special, cache_key=app_id(request), app=app_id(request),
               cache_partition=cache_partition(request))  # fmt: skip
     await run.start()
     parser = prompt.tool_parser()

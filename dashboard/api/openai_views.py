@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.auth import api_endpoint, cache_partition
+from dashboard.api.auth import api_endpoint, app_id, cache_partition
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from dashboard.api.prompts import chat_prompt, raw_add_special
@@ -94,7 +94,7 @@ async def chat_completions(request: HttpRequest):
     prompt = await chat_prompt(model, messages, body.active_tools)
     run = Run(model, prompt.text, body.sampling(), source="openai",
               client_name=request.api_key.name, add_special=prompt.add_special,
-              cache_key=cache_partition(request),
+              cache_key=app_id(request), app=app_id(request),
               cache_partition=cache_partition(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "chatcmpl", "chat.completion")
@@ -161,7 +161,7 @@ async def completions(request: HttpRequest):
     model = await resolve_model(body.model)
     run = Run(model, body.prompt, body.sampling(), source="openai",
               client_name=request.api_key.name, add_special=raw_add_special(model, body.prompt),
-              cache_key=cache_partition(request),
+              cache_key=app_id(request), app=app_id(request),
               cache_partition=cache_partition(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "cmpl", "text_completion")

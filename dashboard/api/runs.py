@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from appliance.gate import arrived_wall
 from dashboard.api.errors import ApiError, from_event
 from dashboard.limits import api_streams
 from inference.history import record_request
@@ -44,12 +45,17 @@ class Run:
         add_special: bool = True,
         cache_key: str | None = None,
         cache_partition: str | None = None,
+        app: str | None = None,
     ):
         self.model = model
+        # The clock starts when the request reached the application (appliance.gate's stamp),
+        # not now, after parsing, authentication and prompt rendering.
+        arrived = arrived_wall()
         self.generation = Generation(
             model=model.name, prompt=prompt, params={**_model_defaults(model), **params},
             keep_alive=keep_alive, add_special=add_special, cache_key=cache_key,
             cache_partition=cache_partition,
+            **({"accepted_wall": arrived} if arrived is not None else {}),
         )  # fmt: skip
         self.source = source
         self.client_name = client_name
@@ -58,7 +64,8 @@ class Run:
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
         self._closed = False
-        self._held_by: str | None = None  # the app holding one of its MAX_STREAMS_PER_KEY
+        self.app = app  # what MAX_STREAMS_PER_KEY counts: "apikey:<id>"
+        self._held_by: str | None = None
 
     @property
     def id(self) -> str:
@@ -66,7 +73,7 @@ class Run:
 
     async def start(self) -> None:
         """Wait for the first event; raises ApiError if the request was refused."""
-        app = self.generation.cache_partition  # the API key's own partition: "apikey:<id>"
+        app = self.app
         if app is not None:
             if not api_streams.take(app, settings.MAX_STREAMS_PER_KEY):
                 self._closed = True  # never started: nothing to cancel or record

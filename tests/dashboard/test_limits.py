@@ -8,9 +8,10 @@ from dashboard.limits import api_streams
 from dashboard.models import ApiKey
 from tests.dashboard.web.sockets import open_socket
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+sockets_and_streams = pytest.mark.django_db(transaction=True)  # async tests: real commits
 
 
+@sockets_and_streams
 async def test_a_user_past_the_socket_cap_is_told_why_and_others_are_not_affected(
     settings, member, outsider
 ):
@@ -34,6 +35,7 @@ async def test_a_user_past_the_socket_cap_is_told_why_and_others_are_not_affecte
         await socket.disconnect()
 
 
+@sockets_and_streams
 @pytest.mark.model
 async def test_an_app_past_its_stream_cap_gets_a_429_and_the_next_request_after_one_ends_runs(
     settings, starter_model
@@ -61,3 +63,21 @@ async def test_an_app_past_its_stream_cap_gets_a_429_and_the_next_request_after_
     )
     assert answered.status_code == 200, answered.content
     assert api_streams.held(f"apikey:{key.pk}") == 0  # given back when the answer ended
+
+
+@pytest.mark.django_db
+def test_keys_of_one_household_share_a_cache_partition_and_others_have_their_own():
+    kitchen, _ = ApiKey.create("kitchen-tablet", household="home")
+    voice, _ = ApiKey.create("voice", household="home")
+    guest, _ = ApiKey.create("guest-script")
+    assert kitchen.cache_partition == voice.cache_partition == "household:home"
+    assert guest.cache_partition == f"apikey:{guest.pk}"
+
+
+@pytest.mark.django_db
+def test_an_admin_sets_a_household_when_making_a_key(admin_client):
+    response = admin_client.post(
+        "/api-keys/", {"name": "open-webui", "scope": "chat", "household": "home"}
+    )
+    assert response.status_code == 200
+    assert ApiKey.objects.get(name="open-webui").household == "home"

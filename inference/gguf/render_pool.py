@@ -1,0 +1,375 @@
+"""Chat templates rendered in a few separate processes with real limits.
+
+The sandbox in chat_template.py counts steps and checks a deadline, but it cannot interrupt one
+long filter call (sorting a 4-million-element list) or stop one call from allocating gigabytes
+(stringifying a deeply nested list). So the web process never renders a template itself:
+
+- a small pool of render processes (fresh interpreters, started lazily) runs render_chat, the
+  same sandboxed environment, one request at a time;
+- each process limits itself at start: address space (RLIMIT_AS), CPU time per render
+  (RLIMIT_CPU, a backstop) and no core files;
+- the parent waits at most MAX_RENDER_SECONDS (plus a little) for an answer and then kills the
+  process; a process that dies, is killed or grew large is replaced on the next render;
+- a render that breaks a limit fails that request with a ChatTemplateError;
+- async code waits in a dedicated small thread pool (render_executor()), never the event
+  loop's default one.
+
+Requests and replies are dataclasses, sent as length-prefixed JSON over the worker's stdin and
+stdout (JSON, not pickle: the parent never unpickles what a hostile template produced).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from inference.gguf.chat_template import MAX_RENDER_SECONDS, ChatTemplateError
+
+POOL_SIZE = 2
+MEMORY_LIMIT_BYTES = 512 * 1024 * 1024  # address space of one render process
+RETIRE_RSS_BYTES = 256 * 1024 * 1024  # a process that peaked above this is replaced
+CPU_SECONDS_PER_RENDER = int(MAX_RENDER_SECONDS) + 2  # backstop: the parent kills first
+KILL_GRACE_SECONDS = 0.5  # the sandbox's own deadline gets to speak first
+START_SECONDS = 30.0  # a fresh interpreter importing jinja2, on a busy machine
+ACQUIRE_SECONDS = 30.0  # waiting for a free render process
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+EXECUTOR_THREADS = 4
+
+_ROOT = Path(__file__).resolve().parents[2]
+_HEADER = struct.Struct(">I")
+
+
+class RenderPoolError(RuntimeError):
+    """A render process could not be started: a fault of this machine, not of the template."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderRequest:
+    template: str | None
+    messages: list[dict[str, Any]]
+    bos_token: str = ""
+    eos_token: str = ""
+    add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RenderReply:
+    text: str | None = None
+    error: str | None = None  # a ChatTemplateError's message
+    retire: bool = False  # the process grew large: replace it
+
+    @classmethod
+    def from_json(cls, data: Any) -> RenderReply:
+        if not isinstance(data, dict):
+            raise ValueError("a reply is an object")
+        text, error, retire = data.get("text"), data.get("error"), data.get("retire", False)
+        if not (isinstance(text, str) ^ isinstance(error, str)) or not isinstance(retire, bool):
+            raise ValueError("a reply has exactly one of text and error")
+        return cls(text, error, retire)
+
+
+class _WorkerFailed(Exception):
+    """The render process broke a limit, died, or said something unreadable."""
+
+
+# 1. Framing.
+
+
+def _encode(obj: Any) -> bytes:
+    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    return _HEADER.pack(len(body)) + body
+
+
+def _read_exact(stream: BinaryIO, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = stream.read(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+# 2. The render process.
+
+
+def _apply_limits() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+def _cpu_budget() -> None:
+    """Let this render use CPU_SECONDS_PER_RENDER more seconds of CPU, then SIGXCPU."""
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    spent = int(used.ru_utime + used.ru_stime) + 1
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = spent + CPU_SECONDS_PER_RENDER
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def _peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+
+
+def _worker_main() -> None:
+    requests = sys.stdin.buffer
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed goes to stderr, not into the replies
+    sys.stdout = sys.stderr
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a dev server: the parent decides
+    _apply_limits()
+    from inference.gguf.chat_template import render_chat
+
+    render_chat(None, [{"role": "user", "content": "warm up"}])
+    replies.write(_encode({"ready": True}))
+    replies.flush()
+    while True:
+        header = _read_exact(requests, _HEADER.size)
+        if header is None:
+            return
+        body = _read_exact(requests, _HEADER.unpack(header)[0])
+        if body is None:
+            return
+        _cpu_budget()
+        try:
+            request = RenderRequest(**json.loads(body))
+            reply = RenderReply(text=render_chat(**asdict(request)))
+        except ChatTemplateError as e:
+            reply = RenderReply(error=str(e))
+        except MemoryError:
+            reply = RenderReply(error="the chat template ran out of memory")
+        except Exception as e:  # a malformed request: say so rather than die
+            reply = RenderReply(error=f"the render request was malformed: {type(e).__name__}")
+        retire = _peak_rss_bytes() > RETIRE_RSS_BYTES
+        try:
+            frame = _encode({**asdict(reply), "retire": retire})
+        except MemoryError:
+            frame = _encode(asdict(RenderReply(error="the chat template ran out of memory")))
+            retire = True
+        replies.write(frame)
+        replies.flush()
+        if retire:
+            return
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-s", "-m", "inference.gguf.render_pool", "--worker"],
+            cwd=_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the parent only
+        )
+        try:
+            ready = self._read_reply(time.monotonic() + START_SECONDS)
+        except _WorkerFailed as e:
+            self.kill()
+            raise RenderPoolError(f"the chat template renderer did not start: {e}") from None
+        if ready != {"ready": True}:
+            self.kill()
+            raise RenderPoolError("the chat template renderer did not start")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+    def call(self, request: RenderRequest, timeout: float) -> RenderReply:
+        deadline = time.monotonic() + timeout
+        try:
+            frame = _encode(asdict(request))
+        except (TypeError, ValueError) as e:
+            raise ChatTemplateError(f"the conversation is not plain JSON data: {e}") from None
+        try:
+            self.proc.stdin.write(frame)  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+        except OSError:
+            raise _WorkerFailed(self._death()) from None
+        data = self._read_reply(deadline)
+        try:
+            return RenderReply.from_json(data)
+        except ValueError as e:
+            raise _WorkerFailed(f"the render process answered nonsense: {e}") from None
+
+    def _read_reply(self, deadline: float) -> Any:
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        header = self._read(fd, _HEADER.size, deadline)
+        size = _HEADER.unpack(header)[0]
+        if size > MAX_FRAME_BYTES:
+            raise _WorkerFailed("the render process answered too much")
+        body = self._read(fd, size, deadline)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise _WorkerFailed("the render process answered nonsense") from None
+
+    def _read(self, fd: int, n: int, deadline: float) -> bytes:
+        chunks: list[bytes] = []
+        got = 0
+        while got < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _WorkerFailed(f"the chat template ran longer than {MAX_RENDER_SECONDS} s")
+            readable, _, _ = select.select([fd], [], [], left)
+            if not readable:
+                continue
+            chunk = os.read(fd, min(n - got, 1 << 20))
+            if not chunk:
+                raise _WorkerFailed(self._death())
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks)
+
+    def _death(self) -> str:
+        try:
+            code = self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            return "the render process stopped answering"
+        if code == -signal.SIGXCPU:
+            return f"the chat template used more than {CPU_SECONDS_PER_RENDER} s of CPU"
+        if code == -signal.SIGKILL:
+            return "the chat template's render process was killed (out of memory?)"
+        return f"the chat template's render process died (exit status {code})"
+
+
+# 3. The pool.
+
+
+class RenderPool:
+    """`size` render processes, each started on first use and replaced after a failure."""
+
+    def __init__(self, size: int = POOL_SIZE, *, timeout: float | None = None) -> None:
+        self.size = size
+        self.timeout = MAX_RENDER_SECONDS + KILL_GRACE_SECONDS if timeout is None else timeout
+        self._slots: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
+        for _ in range(size):
+            self._slots.put(None)
+        self._closed = False
+
+    def render(self, request: RenderRequest) -> str:
+        """The rendered prompt; ChatTemplateError when the template fails or breaks a limit."""
+        if self._closed:
+            raise RenderPoolError("the render pool is closed")
+        try:
+            worker = self._slots.get(timeout=ACQUIRE_SECONDS)
+        except queue.Empty:
+            raise RenderPoolError("every chat template renderer is busy") from None
+        try:
+            if worker is not None and not worker.alive():
+                worker.kill()
+                worker = None
+            if worker is None:
+                worker = _Worker()
+            try:
+                reply = worker.call(request, self.timeout)
+            except _WorkerFailed as e:
+                worker.kill()
+                worker = None
+                raise ChatTemplateError(str(e)) from None
+            if reply.retire:
+                worker.kill()
+                worker = None
+        finally:
+            if self._closed and worker is not None:
+                worker.kill()
+                worker = None
+            self._slots.put(worker)
+        if reply.error is not None:
+            raise ChatTemplateError(reply.error)
+        return reply.text  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Kill the idle render processes; busy ones are killed when their render returns."""
+        self._closed = True
+        while True:
+            try:
+                worker = self._slots.get_nowait()
+            except queue.Empty:
+                return
+            if worker is not None:
+                worker.kill()
+
+
+_lock = threading.Lock()
+_pool: RenderPool | None = None
+_pool_pid = 0
+_executor: ThreadPoolExecutor | None = None
+
+
+def default_pool() -> RenderPool:
+    """The process-wide pool (a new one after a fork: pipes are not shared across processes)."""
+    global _pool, _pool_pid
+    with _lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool, _pool_pid = RenderPool(), os.getpid()
+        return _pool
+
+
+def render_executor() -> ThreadPoolExecutor:
+    """Threads for async code to wait on renders in, so that the loop's default pool is free."""
+    global _executor
+    with _lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="chat-template")
+        return _executor
+
+
+def render_chat_isolated(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
+    """render_chat, in a render process of the default pool (blocks up to ~5 s)."""
+    if template is not None and not isinstance(template, str):
+        raise ChatTemplateError(f"the chat template is a {type(template).__name__}, not text")
+    request = RenderRequest(template, messages, bos_token, eos_token, add_generation_prompt, tools)
+    return default_pool().render(request)
+
+
+@atexit.register
+def _close_default_pool() -> None:
+    if _pool is not None and _pool_pid == os.getpid():
+        _pool.close()
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    _worker_main()

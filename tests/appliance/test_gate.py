@@ -1,0 +1,205 @@
+"""The body gate (appliance.gate) in process: it answers from the headers alone, never reading
+a body it refuses, lets everything else through untouched, and stamps each request's arrival."""
+
+import asyncio
+
+import pytest
+from django.core.asgi import get_asgi_application
+
+from appliance.gate import ARRIVED_PERF, ARRIVED_WALL, BodyGate
+
+pytestmark = pytest.mark.asyncio
+
+FIFTY_MB = 50 * 1024 * 1024
+
+
+class Recorder:
+    """An inner application that records what reached it, answering 200."""
+
+    def __init__(self):
+        self.scopes: list[dict] = []
+        self.received: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        self.scopes.append(scope)
+        if scope["type"] == "http":
+            while True:
+                message = await receive()
+                self.received.append(message)
+                if message["type"] == "http.disconnect" or not message.get("more_body"):
+                    break
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+
+def http_scope(method: str, path: str, headers: dict[str, str]) -> dict:
+    return {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "path": path, "raw_path": path.encode(), "root_path": "", "scheme": "http",
+        "query_string": b"", "client": ["127.0.0.1", 50000], "server": ["127.0.0.1", 8000],
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }  # fmt: skip
+
+
+async def never_read():
+    raise AssertionError("the gate read the body of a request it refuses")
+
+
+async def call(app, scope, receive=never_read) -> list[dict]:
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), 10)
+    return sent
+
+
+def status_of(sent: list[dict]) -> int:
+    return sent[0]["status"]
+
+
+def header(sent: list[dict], name: bytes) -> bytes | None:
+    return dict(sent[0]["headers"]).get(name)
+
+
+@pytest.mark.parametrize(
+    ("path", "dialect"),
+    [("/v1/chat/completions", "openai"), ("/v1/completions", "openai"), ("/api/chat", "ollama"),
+     ("/api/generate", "ollama"), ("/api/show", "ollama")],
+)  # fmt: skip
+async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(path, dialect):
+    inner = Recorder()
+    for auth in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}):
+        sent = await call(BodyGate(inner), http_scope("POST", path, {
+            "Content-Type": "application/json", "Content-Length": str(FIFTY_MB), **auth,
+        }))  # fmt: skip
+        assert status_of(sent) == 401
+        assert header(sent, b"www-authenticate").startswith(b"Bearer")
+        import json
+
+        error = json.loads(sent[1]["body"])["error"]
+        if dialect == "openai":
+            assert error["code"] == "missing_api_key" and error["type"] == "authentication_error"
+        else:
+            assert "API key is required" in error
+    assert inner.scopes == []
+
+
+@pytest.mark.django_db
+async def test_an_unknown_key_is_refused_at_the_gate_and_a_known_one_over_the_cap_gets_413():
+    from asgiref.sync import sync_to_async
+
+    from dashboard.models import ApiKey
+
+    _, raw = await sync_to_async(ApiKey.create)("gate-app")
+    inner = Recorder()
+    headers = {"Content-Type": "application/json", "Content-Length": str(FIFTY_MB)}
+    sent = await call(BodyGate(inner), http_scope(
+        "POST", "/v1/chat/completions", {**headers, "Authorization": "Bearer hla-made-up"}
+    ))  # fmt: skip
+    assert status_of(sent) == 401 and b"invalid_api_key" in sent[1]["body"]
+    sent = await call(BodyGate(inner), http_scope(
+        "POST", "/v1/chat/completions", {**headers, "Authorization": f"Bearer {raw}"}
+    ))  # fmt: skip
+    assert status_of(sent) == 413 and b"request_too_large" in sent[1]["body"]
+    assert inner.scopes == []
+
+
+async def test_an_anonymous_upload_is_sent_to_sign_in_before_a_byte_is_read():
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", "/models/upload/", {
+        "Content-Type": "multipart/form-data; boundary=x", "Content-Length": str(200 << 20),
+    }))  # fmt: skip
+    assert status_of(sent) == 302
+    assert header(sent, b"location") == b"/login/?next=/models/upload/"
+    assert inner.scopes == []
+
+
+async def test_an_upload_with_a_session_cookie_goes_on_to_the_view():
+    inner = Recorder()
+
+    async def body():
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    sent = await call(BodyGate(inner), http_scope("POST", "/models/upload/", {
+        "Content-Length": str(200 << 20), "Cookie": "csrftoken=a; sessionid=abc",
+    }), body)  # fmt: skip
+    assert status_of(sent) == 200 and len(inner.scopes) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/embeddings"),
+     ("POST", "/api/openapi.json"), ("POST", "/login/"), ("GET", "/api/tags")],
+)  # fmt: skip
+async def test_what_the_gate_does_not_judge_passes_through(method, path):
+    """Bodiless calls (Django answers 401/405 without a body to read), unknown API paths (their
+    JSON 404), the public description and the pages are the views' to answer."""
+    inner = Recorder()
+    headers = {"Content-Length": "2"} if method == "POST" else {}
+
+    async def body():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    sent = await call(BodyGate(inner), http_scope(method, path, headers), body)
+    assert status_of(sent) == 200 and len(inner.scopes) == 1
+
+
+async def test_a_chunked_body_over_the_cap_is_cut_off_with_413(settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
+    inner = Recorder()
+    chunks = iter(range(100))
+
+    async def body():
+        next(chunks)
+        return {"type": "http.request", "body": b"x" * 300, "more_body": True}
+
+    sent = await call(BodyGate(inner), http_scope("POST", "/v1/embeddings", {
+        "Transfer-Encoding": "chunked", "Authorization": "Bearer whatever",
+    }), body)  # fmt: skip
+    assert [status_of(sent), len(sent)] == [413, 2]  # the app's own answer never went out
+    assert inner.received[-1] == {"type": "http.disconnect"}
+    assert sum(len(m.get("body", b"")) for m in inner.received) <= 1200
+
+
+async def test_a_chunked_body_under_the_cap_reaches_the_app():
+    inner = Recorder()
+    parts = [b'{"a":', b"1}"]
+
+    async def body():
+        return {"type": "http.request", "body": parts.pop(0), "more_body": bool(parts)}
+
+    sent = await call(BodyGate(inner), http_scope(
+        "POST", "/v1/embeddings", {"Transfer-Encoding": "chunked"}
+    ), body)  # fmt: skip
+    assert status_of(sent) == 200
+    assert b"".join(m["body"] for m in inner.received) == b'{"a":1}'
+
+
+async def test_websockets_pass_untouched():
+    inner = Recorder()
+    scope = {"type": "websocket", "path": "/ws/chat/", "headers": []}
+    await call(BodyGate(inner), scope)
+    assert inner.scopes == [scope] and inner.scopes[0] is scope
+
+
+async def test_the_arrival_is_stamped_into_the_scope():
+    import time
+
+    inner = Recorder()
+
+    async def body():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    before_wall, before_perf = time.time(), time.perf_counter()
+    await call(BodyGate(inner), http_scope("GET", "/healthz", {}), body)
+    scope = inner.scopes[0]
+    assert before_wall <= scope[ARRIVED_WALL] <= time.time()
+    assert before_perf <= scope[ARRIVED_PERF] <= time.perf_counter()
+
+
+async def test_django_behind_the_gate_still_answers():
+    sent = await call(BodyGate(get_asgi_application()), http_scope("GET", "/healthz", {}),
+                      lambda: asyncio.sleep(0, {"type": "http.request", "body": b""}))
+    assert status_of(sent) in (200, 503)
