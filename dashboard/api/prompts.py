@@ -13,7 +13,7 @@ from dashboard.api.errors import ApiError
 from dashboard.api.tools import ToolCallParser, template_marks_tool_calls, template_renders_tools
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.prompting import render_prompt
+from inference.prompting import render_executor, render_prompt
 
 
 @dataclass(slots=True)
@@ -75,8 +75,10 @@ def _render(model: LLMModel, messages: list[dict], tools: list[dict] | None) -> 
 async def chat_prompt(
     model: LLMModel, messages: list[dict], tools: list[dict] | None
 ) -> ChatPrompt:
-    # A template may take a while (it runs in a sandbox with a step budget): off the event loop.
-    return await asyncio.to_thread(_render, model, messages, tools)
+    # A template may take up to ~5 s (it runs in a limited render process): off the event loop,
+    # in the renderer's own threads so that a slow template leaves the default pool free.
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(render_executor(), _render, model, messages, tools)
 
 
 def raw_add_special(model: LLMModel, prompt: str) -> bool:

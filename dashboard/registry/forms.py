@@ -7,7 +7,8 @@ from django import forms
 
 from inference.downloads import validate_url
 from inference.engine.params import InvalidParams, SamplingParams
-from inference.gguf import ChatTemplateError, render_chat
+from inference.gguf import ChatTemplateError
+from inference.gguf.render_pool import render_chat_isolated
 from inference.importing import ImportRefused, check_name
 from inference.models import LLMModel
 from inference.registry import parse_keep_alive
@@ -101,7 +102,9 @@ class ModelSettingsForm(forms.ModelForm):
             return ""
         metadata = self.instance.metadata or {}
         try:
-            rendered = render_chat(
+            # In a limited render process, like every render: the form is how a template
+            # first reaches the appliance.
+            rendered = render_chat_isolated(
                 template, SAMPLE_CONVERSATION, bos_token=metadata.get("bos_token", ""),
                 eos_token=metadata.get("eos_token", ""), add_generation_prompt=True,
             )  # fmt: skip

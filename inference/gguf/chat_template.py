@@ -13,6 +13,10 @@ Jinja's ImmutableSandboxedEnvironment, with more guards on top of the sandbox:
 - the source and the rendered output are capped.
 Anything that goes wrong, in Jinja or in Python, becomes a ChatTemplateError.
 
+The step budget cannot interrupt one long filter call nor bound what one call allocates, so the
+web process renders through inference.gguf.render_pool: render_chat runs there in a separate
+process with address-space, CPU and wall-clock limits, killed and replaced when it breaks them.
+
 HF compatibility: trim_blocks and lstrip_blocks, the loopcontrols extension, a no-op
 `{% generation %}` tag, a `tojson` that keeps non-ASCII text, `raise_exception` and
 `strftime_now`; variables messages, tools, add_generation_prompt, bos_token, eos_token.
