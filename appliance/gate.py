@@ -192,7 +192,9 @@ class BodyGate:
                                   [(b"www-authenticate", b'Bearer realm="appliance"')])  # fmt: skip
             if not await _key_is_valid(raw):
                 return _responder(
-                    401, "the API key is not valid or has been revoked", "invalid_api_key",
+                    401,
+                    "the API key is not valid or has been revoked",
+                    "invalid_api_key",
                     dialect,
                     [(b"www-authenticate", b'Bearer realm="appliance", error="invalid_token"')],
                 )

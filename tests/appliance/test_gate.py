@@ -2,6 +2,8 @@
 a body it refuses, lets everything else through untouched, and stamps each request's arrival."""
 
 import asyncio
+import json
+import time
 
 import pytest
 from django.core.asgi import get_asgi_application
@@ -76,8 +78,6 @@ async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(path, dialect)
         }))  # fmt: skip
         assert status_of(sent) == 401
         assert header(sent, b"www-authenticate").startswith(b"Bearer")
-        import json
-
         error = json.loads(sent[1]["body"])["error"]
         if dialect == "openai":
             assert error["code"] == "missing_api_key" and error["type"] == "authentication_error"
@@ -86,7 +86,7 @@ async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(path, dialect)
     assert inner.scopes == []
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 async def test_an_unknown_key_is_refused_at_the_gate_and_a_known_one_over_the_cap_gets_413():
     from asgiref.sync import sync_to_async
 
@@ -185,8 +185,6 @@ async def test_websockets_pass_untouched():
 
 
 async def test_the_arrival_is_stamped_into_the_scope():
-    import time
-
     inner = Recorder()
 
     async def body():
@@ -200,6 +198,13 @@ async def test_the_arrival_is_stamped_into_the_scope():
 
 
 async def test_django_behind_the_gate_still_answers():
-    sent = await call(BodyGate(get_asgi_application()), http_scope("GET", "/healthz", {}),
-                      lambda: asyncio.sleep(0, {"type": "http.request", "body": b""}))
+    messages = [{"type": "http.request", "body": b""}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(30)  # the client stays until the answer is sent
+        return {"type": "http.disconnect"}
+
+    sent = await call(BodyGate(get_asgi_application()), http_scope("GET", "/healthz", {}), receive)
     assert status_of(sent) in (200, 503)

@@ -1,0 +1,166 @@
+"""The body gate over real sockets: an anonymous POST that declares 50 MB and sends only its
+headers gets its answer without sending the body, and what Daphne does with such a request.
+
+Two servers in front of the same `appliance.asgi.application`:
+
+- a minimal h11 server here that, like uvicorn or hypercorn, calls the application once the
+  headers are in and streams the body to it: the gate's answer arrives with the body unsent;
+- Daphne (`daphne appliance.asgi:application` in a subprocess, as `manage.py serve` runs it):
+  Twisted reads the whole body (into a temporary file) before Daphne calls the application, so
+  no answer comes until the last declared byte has arrived. That test pins the measurement: if
+  it starts failing, Daphne streams bodies now and the gate protects the network too.
+"""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h11
+import pytest
+
+FIFTY_MB = 50 * 1024 * 1024
+ROOT = Path(__file__).resolve().parents[2]
+API_POST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % FIFTY_MB
+)
+UPLOAD_POST = (
+    b"POST /models/upload/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: multipart/form-data; boundary=xyz\r\nContent-Length: %d\r\n\r\n" % (200 << 20)
+)
+
+
+async def _serve_h11(app, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """One request, h11-parsed; the application is called as soon as the headers are in."""
+    conn = h11.Connection(h11.SERVER)
+
+    async def next_event():
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            data = await reader.read(65536)
+            conn.receive_data(data)
+            if not data and conn.their_state is not h11.DONE:
+                return None
+
+    request = await next_event()
+    assert isinstance(request, h11.Request)
+    target = request.target.decode()
+    path, _, query = target.partition("?")
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+        "method": request.method.decode(), "path": path, "raw_path": path.encode(),
+        "root_path": "", "scheme": "http", "query_string": query.encode(),
+        "headers": [(k.lower(), v) for k, v in request.headers],
+        "client": ["127.0.0.1", 0], "server": ["127.0.0.1", 0],
+    }  # fmt: skip
+    done = False
+
+    async def receive():
+        nonlocal done
+        if done:
+            await asyncio.sleep(3600)
+        event = await next_event()
+        if isinstance(event, h11.Data):
+            return {"type": "http.request", "body": bytes(event.data), "more_body": True}
+        if isinstance(event, h11.EndOfMessage):
+            done = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            writer.write(conn.send(h11.Response(status_code=message["status"],
+                                                headers=message.get("headers", []))))  # fmt: skip
+        elif message["type"] == "http.response.body":
+            writer.write(conn.send(h11.Data(data=message.get("body", b""))))
+            if not message.get("more_body"):
+                writer.write(conn.send(h11.EndOfMessage()))
+        await writer.drain()
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        writer.close()
+
+
+async def _status_after_headers_only(port: int, head: bytes, timeout: float) -> bytes | None:
+    """Send the headers and the first bytes of the body; the status line if one comes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + b'{"mo')
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.readline(), timeout)
+        except TimeoutError:
+            return None
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("head", "status"), [(API_POST, b"401"), (UPLOAD_POST, b"302")])
+async def test_a_streaming_server_answers_before_the_body(head, status):
+    from appliance.asgi import application
+
+    server = await asyncio.start_server(lambda r, w: _serve_h11(application, r, w), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        line = await _status_after_headers_only(port, head, timeout=10)
+    assert line is not None and line.split()[1] == status, line
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def daphne_port(tmp_path_factory):
+    port = _free_port()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOG_LEVEL": "WARNING",
+           "APPLIANCE_DATA_DIR": str(tmp_path_factory.mktemp("gate-daphne"))}  # fmt: skip
+    env.pop("REDIS_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+         "appliance.asgi:application"], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"daphne exited: {process.stderr.read().decode()[-2000:]}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    yield port
+    process.terminate()
+    process.wait(10)
+
+
+def test_daphne_buffers_the_whole_body_before_the_gate_sees_the_request(daphne_port):
+    """Headers and a few bytes: no answer (Daphne waits for the 50 MB). The rest sent: the
+    gate's 401 comes at once, without Django copying or parsing the body."""
+    with socket.create_connection(("127.0.0.1", daphne_port), timeout=30) as sock:
+        sock.sendall(API_POST + b'{"mo')
+        sock.settimeout(2)
+        with pytest.raises(TimeoutError):
+            sock.recv(1024)  # nothing within 2 s: the application has not been called
+        sock.settimeout(60)
+        chunk = b" " * (1 << 20)
+        left = FIFTY_MB - 4
+        while left > 0:
+            left -= sock.send(chunk[: min(left, len(chunk))])
+        answer = b""
+        while data := sock.recv(65536):  # the gate's answer closes the connection
+            answer += data
+    assert answer.split(b"\r\n", 1)[0].split()[1] == b"401", answer
+    assert b"missing_api_key" in answer or b"API key is required" in answer
