@@ -19,10 +19,10 @@ It also stamps the arrival time into the scope (ARRIVED_WALL, ARRIVED_PERF) and 
 variable, so that a generation's clock (TTFT, queue time) starts when the request reached the
 application, not when the view got round to it.
 
-Daphne (Twisted) itself buffers a whole request body before it calls the application, so on
-Daphne the gate cannot stop the bytes crossing the network; it stops the second copy Django
-makes, the parsing, the views and any upload handler. Under a server that streams request
-bodies to the application (uvicorn, hypercorn) it answers before the body is sent.
+`manage.py serve` runs uvicorn, which calls the application once the headers are in and streams
+the body to it, so the gate answers before an unwanted body is sent (tests/appliance). Daphne,
+which served the appliance before, read the whole body first: there the gate saved only the
+work after it.
 """
 
 import contextvars

@@ -37,7 +37,7 @@ from dashboard.web.panels import panels
 log = logging.getLogger(__name__)
 
 MAX_FRAME_CHARS = 256 * 1024  # content is capped at 32k characters; JSON escapes can grow it
-DISCONNECT_GRACE_S = 5.0  # waiting for a cancelled turn to save; within Daphne's close timeout
+DISCONNECT_GRACE_S = 5.0  # waiting for a cancelled turn to save; within the server's shutdown grace
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429

@@ -1,14 +1,13 @@
 """The body gate over real sockets: an anonymous POST that declares 50 MB and sends only its
-headers gets its answer without sending the body, and what Daphne does with such a request.
+headers gets its answer without sending the body.
 
 Two servers in front of the same `appliance.asgi.application`:
 
-- a minimal h11 server here that, like uvicorn or hypercorn, calls the application once the
-  headers are in and streams the body to it: the gate's answer arrives with the body unsent;
-- Daphne (`daphne appliance.asgi:application` in a subprocess, as `manage.py serve` runs it):
-  Twisted reads the whole body (into a temporary file) before Daphne calls the application, so
-  no answer comes until the last declared byte has arrived. That test pins the measurement: if
-  it starts failing, Daphne streams bodies now and the gate protects the network too.
+- a minimal h11 server here that calls the application once the headers are in and streams the
+  body to it: the gate's answer arrives with the body unsent;
+- `manage.py serve` itself (uvicorn), in a subprocess, as a user runs it. (Daphne, which served
+  the appliance before, read the whole body into a temporary file before it called the
+  application: no answer came until the last declared byte had arrived.)
 """
 
 import asyncio
@@ -122,20 +121,20 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def daphne_port(tmp_path_factory):
+def served_port(tmp_path_factory):
+    """`manage.py serve` on a free port (no setup: the gate's refusals need no database)."""
     port = _free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOG_LEVEL": "WARNING",
-           "APPLIANCE_DATA_DIR": str(tmp_path_factory.mktemp("gate-daphne"))}  # fmt: skip
+           "APPLIANCE_DATA_DIR": str(tmp_path_factory.mktemp("gate-serve"))}  # fmt: skip
     env.pop("REDIS_URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-         "appliance.asgi:application"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "manage.py", "serve", "--skip-setup", "--port", str(port)],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            pytest.fail(f"daphne exited: {process.stderr.read().decode()[-2000:]}")
+            pytest.fail(f"serve exited: {process.stderr.read().decode()[-2000:]}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
@@ -143,24 +142,34 @@ def daphne_port(tmp_path_factory):
             time.sleep(0.2)
     yield port
     process.terminate()
-    process.wait(10)
+    process.wait(15)
 
 
-def test_daphne_buffers_the_whole_body_before_the_gate_sees_the_request(daphne_port):
-    """Headers and a few bytes: no answer (Daphne waits for the 50 MB). The rest sent: the
-    gate's 401 comes at once, without Django copying or parsing the body."""
-    with socket.create_connection(("127.0.0.1", daphne_port), timeout=30) as sock:
-        sock.sendall(API_POST + b'{"mo')
-        sock.settimeout(2)
-        with pytest.raises(TimeoutError):
-            sock.recv(1024)  # nothing within 2 s: the application has not been called
-        sock.settimeout(60)
-        chunk = b" " * (1 << 20)
-        left = FIFTY_MB - 4
-        while left > 0:
-            left -= sock.send(chunk[: min(left, len(chunk))])
+def _answer_without_the_body(port: int, head: bytes) -> bytes:
+    """Send the headers and a few bytes of a huge body; whatever comes back within 10 s."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head + b'{"mo')
+        sock.settimeout(10)
         answer = b""
-        while data := sock.recv(65536):  # the gate's answer closes the connection
+        while data := sock.recv(65536):  # the gate answers and closes the connection
             answer += data
+        return answer
+
+
+def test_the_served_appliance_refuses_an_anonymous_50_mb_post_before_its_body(served_port):
+    answer = _answer_without_the_body(served_port, API_POST)
     assert answer.split(b"\r\n", 1)[0].split()[1] == b"401", answer
     assert b"missing_api_key" in answer or b"API key is required" in answer
+
+
+def test_the_served_appliance_sends_an_anonymous_200_mb_upload_to_login_before_its_body(
+    served_port,
+):
+    head = (
+        b"POST /models/upload/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: multipart/form-data; boundary=x\r\nContent-Length: %d\r\n\r\n"
+        % (200 * 1024 * 1024)
+    )
+    answer = _answer_without_the_body(served_port, head)
+    assert answer.split(b"\r\n", 1)[0].split()[1] == b"302", answer
+    assert b"/login/" in answer

@@ -1,4 +1,8 @@
-"""Serve the appliance with Daphne: HTTP and WebSockets in one process.
+"""Serve the appliance with uvicorn: HTTP and WebSockets in one process.
+
+Uvicorn, not Daphne: Daphne (through Twisted) reads a whole request body before it calls the
+app, so an anonymous 50 MB POST was received to the last byte before the gate (appliance.gate)
+could answer 401; uvicorn calls the app once the headers are in and streams the body to it.
 
 Embedded mode (no REDIS_URL): this process also hosts the engine and runs jobs on threads.
 Split mode: it only serves; inference and jobs workers are separate Celery processes.
@@ -10,7 +14,7 @@ from django.core.management.base import BaseCommand
 
 
 class Command(BaseCommand):
-    help = "Migrate, bootstrap, and serve on HOST:PORT with Daphne."
+    help = "Migrate, bootstrap, and serve on HOST:PORT with uvicorn."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default=settings.HOST)
@@ -18,8 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--skip-setup", action="store_true", help="no migrate/bootstrap")
 
     def handle(self, *args, host: str, port: int, skip_setup: bool, **options) -> None:
-        from daphne.endpoints import build_endpoint_description_strings
-        from daphne.server import Server
+        import uvicorn
 
         if not skip_setup:
             call_command("migrate", interactive=False, verbosity=0)
@@ -29,11 +32,13 @@ class Command(BaseCommand):
 
         from appliance.asgi import application
 
-        Server(
-            application=application,
-            endpoints=build_endpoint_description_strings(host=host, port=port),
-            http_timeout=None,  # streamed answers can be long
-            websocket_handshake_timeout=10,
-            application_close_timeout=10,
-            server_name="homelab-appliance",
-        ).run()
+        uvicorn.run(
+            application,
+            host=host,
+            port=port,
+            ws="websockets",
+            lifespan="off",  # Django's ASGI handler has no lifespan events
+            timeout_graceful_shutdown=10,  # answers in progress, then the runners stop
+            server_header=False,
+            log_level="warning",
+        )
