@@ -131,7 +131,7 @@ class ChatConsumer(_JsonConsumer):
         model = _optional_str(frame, "model", chat.MAX_MODEL_NAME_CHARS)
         system_prompt = _optional_str(frame, "system_prompt", chat.MAX_SYSTEM_PROMPT_CHARS)
         self._check_idle()
-        turn = await database_sync_to_async(chat.prepare_send)(
+        turn = await _preparing(chat.prepare_send)(
             self.scope["user"].pk, self.scope.get("session"), conversation_id=conversation,
             content=content, model_name=model, system_prompt=system_prompt,
         )  # fmt: skip
@@ -140,7 +140,7 @@ class ChatConsumer(_JsonConsumer):
     async def on_regenerate(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         self._check_idle()
-        turn = await database_sync_to_async(chat.prepare_regenerate)(
+        turn = await _preparing(chat.prepare_regenerate)(
             self.scope["user"].pk, self.scope.get("session"), conversation_id=conversation
         )
         await self._start(turn)
@@ -189,6 +189,13 @@ class ChatConsumer(_JsonConsumer):
         if not done:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+def _preparing(prepare):
+    """A turn's preparation (database work and the prompt's render, which may wait up to the
+    render pool's 5 s cap on a hostile template) on a thread of its own: on the one thread that
+    database_sync_to_async shares by default, it would hold up every other person's send."""
+    return database_sync_to_async(prepare, thread_sensitive=False)
 
 
 def _conversation_id(value, *, required: bool) -> int | None:
