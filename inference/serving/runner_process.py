@@ -122,8 +122,7 @@ class RunnerProcess:
         self.pid: int | None = None
         self.load_seconds = 0.0
         self.answered = 0  # requests that ended with "done": the runner really works here
-        self.started_at = time.perf_counter()
-        self.last_active = self.started_at
+        self.last_active = time.perf_counter()
         self._info: dict = {}
         self._snapshot: dict = {}  # the latest answer to a SnapshotRequest
         self._snapshot_serial = 0
