@@ -1,6 +1,7 @@
 """Typed readers for environment variables that fail loudly, naming the variable."""
 
 import os
+from urllib.parse import urlsplit
 
 
 class ConfigError(Exception):
@@ -56,3 +57,14 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envurl(name: str, default: str) -> str:
+    """An http(s) URL with a host, without a trailing slash."""
+    raw = (os.environ.get(name) or default).strip().rstrip("/")
+    parts = urlsplit(raw)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{name} must be an http:// or https:// URL with a host, got {raw!r}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(f"{name} must be a plain URL (no credentials, query or fragment)")
+    return raw

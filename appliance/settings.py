@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from appliance.env import ConfigError, envbool, envfloat, envint, envlist, envstr
+from appliance.env import ConfigError, envbool, envfloat, envint, envlist, envstr, envurl
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -163,7 +163,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Generation goes to queue "inference" (the worker that owns the engine); everything else (model
 # import, hashing, downloads, retention) to "jobs". Task names are explicit so routes stay true.
 CELERY_TASK_DEFAULT_QUEUE = "jobs"
-CELERY_TASK_ROUTES = {"inference.generate": {"queue": "inference"}}
+CELERY_TASK_ROUTES = {
+    "inference.generate": {"queue": "inference"},
+    "inference.embed": {"queue": "inference"},
+}
 CELERY_IMPORTS = ["inference.serving.worker", "inference.tasks"]
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
@@ -182,6 +185,12 @@ REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
 # false leaves them only public ones. Loopback, link-local and the appliance's own Redis and
 # database are refused either way (inference.netguard).
 DOWNLOAD_ALLOW_PRIVATE = envbool("DOWNLOAD_ALLOW_PRIVATE", True)
+# Where /api/pull and the models page's "pull by name" look names up (inference.pulling): an
+# Ollama registry for "model:tag" and "namespace/model:tag", a Hugging Face endpoint (or a
+# mirror) for "hf.co/user/repo:quant". Configured here, so trusted wherever they are (a
+# registry on this box too); the hosts their blobs redirect to are guarded like any download.
+MODEL_REGISTRY_URL = envurl("MODEL_REGISTRY_URL", "https://registry.ollama.ai")
+HF_ENDPOINT = envurl("HF_ENDPOINT", "https://huggingface.co")
 METRICS_PUBLIC = envbool("METRICS_PUBLIC", False)
 TELEMETRY_INTERVAL_S = envfloat("TELEMETRY_INTERVAL_S", 0.5, lo=0.05, hi=60)
 API_RATE_LIMIT_PER_MINUTE = envint("API_RATE_LIMIT_PER_MINUTE", 120, lo=1, hi=100_000)

@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from dashboard.web.throttle import ThrottledAdminAuthenticationForm
 
@@ -8,5 +10,7 @@ admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Browsers ask for /favicon.ico whatever the page links: answer it, never a 404 in the log.
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("", include("dashboard.urls")),
 ]

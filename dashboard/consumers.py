@@ -6,17 +6,33 @@ socket outlives a logout. Origins are checked in asgi.py (AllowedHostsOriginVali
 Chat frames in:
     {"type": "send", "conversation": id | null, "content": str,
      "model": str?, "system_prompt": str?}
-    {"type": "stop"}
+    {"type": "edit", "conversation": id, "message": id, "content": str}  (a question, resent)
     {"type": "regenerate", "conversation": id}
+    {"type": "continue", "conversation": id}  (the last answer writes on)
+    {"type": "attach", "conversation": id}  (watch its running answer, after a reload)
+    {"type": "switch", "conversation": id, "message": id}  (show another version of a turn)
+    {"type": "rename", "conversation": id, "title": str}
+    {"type": "stop"}
 Chat frames out:
-    {"type": "conversation", "id", "title", "model", "message_id", "user_message_id",
-     "replaced_message_id", "request_id"}
-    {"type": "phase", "phase": "waiting" | "prefilling" | "decoding"}
+    {"type": "conversation", "id", "title", "model", "kind", "attached", "message_id",
+     "user_message_id", "replaced_message_id", "truncate_from", "left_out", "context_start",
+     "request_id"}
+    {"type": "snapshot", "message_id", "text", "thinking", "status"}  (after attaching: the
+     answer so far)
+    {"type": "phase", "phase": "loading" | "waiting" | "prefilling" | "decoding"}
+    {"type": "progress", "phase": "waiting", "ahead"}
+    {"type": "progress", "phase": "prefilling", "done", "total", "cached"}
+    {"type": "thinking", "text": str}  (a thinking model's <think> block, apart from the answer)
     {"type": "token", "text": str}
     {"type": "done", "finish_reason": "stop" | "length" | "cancelled", "state", "error",
-     "figures": {...}, "message_id"}
+     "figures": {...}, "message_id", "text", "thinking"}
     {"type": "error", "message": str, "code": str, "message_id"?: id, "figures"?: {...}}
-A refused frame gets an error frame without message_id and changes nothing.
+    {"type": "attached", "id", "running": false, "messages", "context_start"}  (nothing runs:
+     the branch as saved)
+    {"type": "branch", "id", "messages": [...], "context_start"}  (after a switch)
+    {"type": "renamed", "id", "title"}
+A refused frame gets an error frame without message_id and changes nothing. An answer keeps
+running when its socket closes; a new socket attaches to it (dashboard.chat).
 """
 
 import asyncio
@@ -36,8 +52,7 @@ from dashboard.web.panels import panels
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_CHARS = 256 * 1024  # content is capped at 32k characters; JSON escapes can grow it
-DISCONNECT_GRACE_S = 5.0  # waiting for a cancelled turn to save; within the server's shutdown grace
+MAX_FRAME_CHARS = 1024 * 1024  # content is capped at 100k characters; JSON escapes can grow it
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429
@@ -64,9 +79,13 @@ class _JsonConsumer(AsyncJsonWebsocketConsumer):
 
 
 class ChatConsumer(_JsonConsumer):
-    turn: chat.Turn | None = None
-    task: asyncio.Task | None = None
-    closed = False
+    """One browser tab. Turn frames go through an outbox that one task drains in order, so a
+    turn never waits for a slow socket, and an attach's replay cannot interleave with live
+    frames."""
+
+    turn: chat.Turn | None = None  # the answer this socket watches (its own or attached)
+    outbox: asyncio.Queue | None = None
+    sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
 
     async def connect(self) -> None:
@@ -78,13 +97,27 @@ class ChatConsumer(_JsonConsumer):
         holder = f"user:{user.pk}"
         cap = settings.MAX_SOCKETS_PER_USER
         if not chat_sockets.take(holder, cap):
-            # Accepted first, so the page can show why: each socket runs one answer at a time,
-            # and one person's windows must not fill the engine's queue for the household.
+            # Accepted first, so the page can show why: one person's windows must not fill
+            # the engine's queue for the household.
             await self.send_error("too_many", f"you have {cap} chats open already; close one "
                                   "of them to chat here")  # fmt: skip
             await self.close(code=CLOSE_TOO_MANY)
             return
         self.holder = holder
+        self.outbox = asyncio.Queue()
+        self.sender = asyncio.create_task(self._drain_outbox())
+
+    async def _drain_outbox(self) -> None:
+        while True:
+            frame = await self.outbox.get()
+            try:
+                await self.send_json(frame)
+            except Exception:  # noqa: BLE001 - the socket went away; the turn goes on
+                return
+
+    def post(self, frame: dict) -> None:
+        """A turn's frame for this socket (never blocks)."""
+        self.outbox.put_nowait(frame)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         if text_data is None:
@@ -104,10 +137,14 @@ class ChatConsumer(_JsonConsumer):
         if not isinstance(frame, dict):
             await self.send_error("invalid", "a frame must be a JSON object")
             return
-        handler = {"send": self.on_send, "stop": self.on_stop, "regenerate": self.on_regenerate}
+        handler = {
+            "send": self.on_send, "edit": self.on_edit, "regenerate": self.on_regenerate,
+            "continue": self.on_continue, "attach": self.on_attach, "switch": self.on_switch,
+            "rename": self.on_rename, "stop": self.on_stop,
+        }  # fmt: skip
         kind = frame.get("type")
-        if not isinstance(kind, str) or kind not in handler:
-            await self.send_error("invalid", "type must be one of: send, stop, regenerate")
+        if not isinstance(kind, str) or kind not in handler or self.outbox is None:
+            await self.send_error("invalid", "type must be one of: " + ", ".join(handler))
             return
         try:
             await handler[kind](frame)
@@ -117,78 +154,109 @@ class ChatConsumer(_JsonConsumer):
             log.exception("chat frame %r failed", kind)
             await self.send_error("internal", "the appliance failed to handle this; see its log")
 
+    def _who(self) -> tuple[int, Any]:
+        return self.scope["user"].pk, self.scope.get("session")
+
     # --- frames --------------------------------------------------------------------------------
 
     async def on_send(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=False)
-        content = frame.get("content")
-        if not isinstance(content, str) or not content.strip():
-            raise chat.ChatRefused("invalid", "content must be a non-empty string")
-        if len(content) > chat.MAX_CONTENT_CHARS:
-            raise chat.ChatRefused(
-                "too_long", f"a message may be at most {chat.MAX_CONTENT_CHARS} characters"
-            )
+        content = _content(frame)
         model = _optional_str(frame, "model", chat.MAX_MODEL_NAME_CHARS)
         system_prompt = _optional_str(frame, "system_prompt", chat.MAX_SYSTEM_PROMPT_CHARS)
         self._check_idle()
         turn = await _preparing(chat.prepare_send)(
-            self.scope["user"].pk, self.scope.get("session"), conversation_id=conversation,
-            content=content, model_name=model, system_prompt=system_prompt,
+            *self._who(), conversation_id=conversation, content=content, model_name=model,
+            system_prompt=system_prompt,
         )  # fmt: skip
-        await self._start(turn)
+        self._start(turn)
+
+    async def on_edit(self, frame: dict) -> None:
+        conversation = _conversation_id(frame.get("conversation"), required=True)
+        message = _conversation_id(frame.get("message"), required=True, what="message")
+        content = _content(frame)
+        self._check_idle()
+        turn = await _preparing(chat.prepare_edit)(
+            *self._who(), conversation_id=conversation, message_id=message, content=content
+        )
+        self._start(turn)
 
     async def on_regenerate(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         self._check_idle()
-        turn = await _preparing(chat.prepare_regenerate)(
-            self.scope["user"].pk, self.scope.get("session"), conversation_id=conversation
+        turn = await _preparing(chat.prepare_regenerate)(*self._who(), conversation_id=conversation)
+        self._start(turn)
+
+    async def on_continue(self, frame: dict) -> None:
+        conversation = _conversation_id(frame.get("conversation"), required=True)
+        self._check_idle()
+        turn = await _preparing(chat.prepare_continue)(*self._who(), conversation_id=conversation)
+        self._start(turn)
+
+    async def on_attach(self, frame: dict) -> None:
+        conversation = _conversation_id(frame.get("conversation"), required=True)
+        self._check_idle()
+        saved = await database_sync_to_async(chat.check_attach)(
+            *self._who(), conversation_id=conversation
         )
-        await self._start(turn)
+        turn = chat.running_turn(conversation)
+        if turn is None or not turn.running or turn.user_id != self.scope["user"].pk:
+            self.post({"type": "attached", "id": conversation, "running": False, **saved})
+            return
+        self._watch(turn, replay=True)
+
+    async def on_switch(self, frame: dict) -> None:
+        conversation = _conversation_id(frame.get("conversation"), required=True)
+        message = _conversation_id(frame.get("message"), required=True, what="message")
+        self._check_idle()
+        reply = await database_sync_to_async(chat.switch_version)(
+            *self._who(), conversation_id=conversation, message_id=message
+        )
+        self.post(reply)
+
+    async def on_rename(self, frame: dict) -> None:
+        conversation = _conversation_id(frame.get("conversation"), required=True)
+        title = _optional_str(frame, "title", chat.MAX_TITLE_CHARS)
+        if not title or not title.strip():
+            raise chat.ChatRefused("invalid", "title must be a non-empty string")
+        reply = await database_sync_to_async(chat.rename)(
+            *self._who(), conversation_id=conversation, title=title
+        )
+        self.post(reply)
 
     async def on_stop(self, frame: dict) -> None:
         # Idempotent: a stop racing the answer's end is not an error.
-        if self.turn is not None and self.task is not None and not self.task.done():
+        if self.turn is not None and self.turn.running:
             await chat.cancel(self.turn, "stopped by the user")
 
-    # --- the running turn --------------------------------------------------------------------
+    # --- the watched turn ----------------------------------------------------------------------
 
     def _check_idle(self) -> None:
-        if self.task is not None and not self.task.done():
+        if self.turn is not None and self.turn.running:
             raise chat.ChatRefused("busy", "an answer is still streaming; stop it first")
 
-    async def _start(self, turn: chat.Turn) -> None:
+    def _watch(self, turn: chat.Turn, *, replay: bool) -> None:
+        if self.turn is not None:
+            self.turn.unsubscribe(self.post)
         self.turn = turn
-        await self.send_json(turn.announcement())
-        # A task, so that this consumer keeps reading frames (a stop) while the answer streams.
-        self.task = asyncio.create_task(chat.run_turn(turn, self._emit), name=turn.request_id)
+        turn.subscribe(self.post, replay=replay)
 
-    async def _emit(self, frame: dict) -> None:
-        if self.closed:
-            return
-        try:
-            await self.send_json(frame)
-        except Exception:  # noqa: BLE001 - the socket went away mid-answer; the turn goes on
-            self.closed = True
+    def _start(self, turn: chat.Turn) -> None:
+        self.post(turn.announcement())
+        self._watch(turn, replay=False)
+        chat.start(turn)
 
     async def disconnect(self, code) -> None:
-        self.closed = True
-        try:
-            await self._end_turn()
-        finally:
-            if self.holder is not None:
-                chat_sockets.give_back(self.holder)
-                self.holder = None
-
-    async def _end_turn(self) -> None:
-        task, turn = self.task, self.turn
-        if task is None or task.done() or turn is None:
-            return
-        await chat.cancel(turn, "the browser disconnected")
-        # Wait for the cancelled turn to save what it generated; past the grace, cut it off.
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_GRACE_S)
-        if not done:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        # The answer runs on to its end (and is saved); a new socket can attach to it.
+        if self.turn is not None:
+            self.turn.unsubscribe(self.post)
+            self.turn = None
+        if self.sender is not None:
+            self.sender.cancel()
+            self.sender = None
+        if self.holder is not None:
+            chat_sockets.give_back(self.holder)
+            self.holder = None
 
 
 def _preparing(prepare):
@@ -198,12 +266,25 @@ def _preparing(prepare):
     return database_sync_to_async(prepare, thread_sensitive=False)
 
 
-def _conversation_id(value, *, required: bool) -> int | None:
+def _conversation_id(value, *, required: bool, what: str = "conversation") -> int | None:
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise chat.ChatRefused("invalid", "conversation must be a conversation id")
+        raise chat.ChatRefused("invalid", f"{what} must be a {what} id")
     return value
+
+
+def _content(frame: dict) -> str:
+    content = frame.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise chat.ChatRefused("invalid", "content must be a non-empty string")
+    if len(content) > chat.MAX_CONTENT_CHARS:
+        # Refused whole, never cut: the page says so before sending, too.
+        raise chat.ChatRefused(
+            "too_long", f"a message may be at most {chat.MAX_CONTENT_CHARS:,} characters; this "
+            f"one has {len(content):,}",
+        )  # fmt: skip
+    return content
 
 
 def _optional_str(frame: dict, key: str, limit: int) -> str | None:

@@ -1,6 +1,7 @@
 """Caps on what one app or one person holds at once, so nobody fills the engine for everyone:
 concurrent answers per API key (MAX_STREAMS_PER_KEY) and chat sockets per user
-(MAX_SOCKETS_PER_USER; each socket runs one answer at a time).
+(MAX_SOCKETS_PER_USER; each socket runs one answer at a time), and chat answers per user
+(the same cap; an answer keeps running when its socket goes away).
 
 Counted in this web process: exact in embedded mode; in split mode with several web processes
 each enforces the cap on its own share.
@@ -37,3 +38,6 @@ class Holdings:
 
 api_streams = Holdings()  # holder: "apikey:<id>"
 chat_sockets = Holdings()  # holder: "user:<id>"
+# Chat answers running per user (they outlive their socket: a reload reattaches), under the
+# same cap as the sockets.
+chat_answers = Holdings()  # holder: "user:<id>"

@@ -8,18 +8,58 @@ from django.db import models
 
 
 class Conversation(models.Model):
+    """A person's chat. Its messages form a tree: editing a question or regenerating an answer
+    adds a sibling (a version) instead of overwriting, and `leaf` marks the end of the branch
+    on show. The branch from the root to the leaf is what the page shows and the model reads."""
+
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     title = models.CharField(max_length=200, default="New chat")
     model_name = models.CharField(max_length=100, blank=True)
     system_prompt = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # The first message of the shown branch that the model still reads; older ones were left
+    # out when the chat outgrew the context (dashboard.chat_window). None: all of them.
+    context_start = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
 
     class Meta:
         ordering = ["-updated_at"]
 
     def __str__(self) -> str:
         return self.title
+
+    def adopt_linear(self) -> None:
+        """Give messages saved before versions existed (no parents, no leaf) a parent chain in
+        their order, so the tree rules below apply to them too."""
+        if self.leaf_id is not None:
+            return
+        previous = None
+        for message in self.messages.all():
+            if previous is not None and message.parent_id is None:
+                message.parent = previous
+                message.save(update_fields=["parent"])
+            previous = message
+        if previous is not None:
+            self.leaf = previous
+            self.save(update_fields=["leaf"])
+
+    def path(self, messages: list["Message"] | None = None) -> list["Message"]:
+        """The shown branch, root first (one query: all messages, then a walk up from the
+        leaf). Without a leaf (saved before versions): every message, in order."""
+        messages = list(self.messages.all()) if messages is None else messages
+        if self.leaf_id is None:
+            return messages
+        by_id = {m.pk: m for m in messages}
+        branch, node = [], by_id.get(self.leaf_id)
+        while node is not None:
+            branch.append(node)
+            node = by_id.get(node.parent_id)
+        return branch[::-1]
 
 
 class Message(models.Model):
@@ -36,8 +76,14 @@ class Message(models.Model):
     conversation = models.ForeignKey(
         Conversation, on_delete=models.CASCADE, related_name="messages"
     )
+    # The message this one follows; siblings (same parent, same role) are versions of a turn.
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
     role = models.CharField(max_length=10, choices=Role.choices)
     content = models.TextField(blank=True)
+    thinking = models.TextField(blank=True)  # a thinking model's reasoning, shown folded
+    model_name = models.CharField(max_length=100, blank=True)  # who wrote an answer
     state = models.CharField(max_length=10, choices=State.choices, default=State.COMPLETE)
     error = models.TextField(blank=True)
     request_id = models.CharField(max_length=64, blank=True)
@@ -46,6 +92,22 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+def versions(message: Message, messages: list[Message]) -> list[Message]:
+    """The versions of `message`'s turn (itself included), oldest first."""
+    return [m for m in messages if m.parent_id == message.parent_id and m.role == message.role]
+
+
+def newest_leaf(message: Message, messages: list[Message]) -> Message:
+    """The end of the newest branch under `message` (where flipping to a version lands)."""
+    children: dict[int, list[Message]] = {}
+    for m in messages:
+        children.setdefault(m.parent_id, []).append(m)
+    node = message
+    while children.get(node.pk):
+        node = max(children[node.pk], key=lambda m: (m.created_at, m.pk))
+    return node
 
 
 class ApiKey(models.Model):

@@ -29,9 +29,9 @@ from urllib.parse import unquote, urlsplit
 import httpx
 from django.conf import settings
 
-from inference import netguard
+from inference import netguard, plain
 from inference.gguf import GGUFError
-from inference.importing import ImportRefused, install_file, safe_filename
+from inference.importing import AlreadyRegistered, ImportRefused, install_file, safe_filename
 from inference.jobs import JobCancelled, JobProgress
 from inference.models import Job, LLMModel
 from inference.netguard import AddressRefused, DownloadPolicy, RedactURLs, redact_text, redact_url
@@ -108,7 +108,7 @@ def download_model(
     try:
         progress.start("connecting")
         policy = policy or netguard.settings_policy()
-        digest = _fetch_with_retries(job.source, part, progress, attempts, backoff, policy)
+        digest = fetch_with_retries(job.source, part, progress, attempts, backoff, policy)
         progress.check()
         model = install_file(part, filename_for(job.source), source=LLMModel.Source.URL,
                              sha256=digest)  # fmt: skip
@@ -117,11 +117,14 @@ def download_model(
     except JobCancelled:
         log.info("download %s cancelled", job_id)
         return None
+    except AlreadyRegistered as exc:  # the same bytes are a model already: point at it
+        progress.finish(str(exc), model=exc.model)
+        return exc.model
     except (AddressRefused, DownloadError, GGUFError, ImportRefused, ValueError, OSError,
             *RETRIED) as exc:  # fmt: skip
         log.warning("download %s from %s failed: %s", job_id, redact_url(job.source),
                     _describe(exc))  # fmt: skip
-        progress.fail(_describe(exc))
+        progress.fail(plain.message(exc) if isinstance(exc, GGUFError) else _describe(exc))
         return None
     except Exception as exc:  # a time limit or a bug: still a failed job, never "running" forever
         progress.fail(f"the download stopped: {_describe(exc)}")
@@ -130,7 +133,7 @@ def download_model(
         part.unlink(missing_ok=True)  # installed (renamed away), or given up: never left behind
 
 
-def _fetch_with_retries(
+def fetch_with_retries(
     url: str,
     part: Path,
     progress: JobProgress,
@@ -167,7 +170,7 @@ def fetch(url: str, part: Path, progress: JobProgress, policy: DownloadPolicy) -
     if have:
         _hash_into(digest, part)  # the resumed file's hash covers the bytes already here
     headers = {"Range": f"bytes={have}-"} if have else {}
-    with _get(url, headers, policy) as r:
+    with guarded_get(url, headers, policy) as r:
         if r.status_code == 416 and have:
             _, _, total = _content_range(r.headers.get("content-range", ""))
             if total == have:
@@ -213,7 +216,9 @@ def fetch(url: str, part: Path, progress: JobProgress, policy: DownloadPolicy) -
 
 
 @contextmanager
-def _get(url: str, headers: dict[str, str], policy: DownloadPolicy) -> Iterator[httpx.Response]:
+def guarded_get(
+    url: str, headers: dict[str, str], policy: DownloadPolicy
+) -> Iterator[httpx.Response]:
     """The streamed answer to GET `url`, following redirects by hand: httpx's own following
     would connect to each new host unchecked."""
     redirected_from = None

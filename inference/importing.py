@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from inference import plain
 from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
 from inference.jobs import JobCancelled, JobProgress
 from inference.models import Job, LLMModel
@@ -31,9 +32,8 @@ from inference.starter import packaged_models
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20
-DEFAULT_CTX = 2048
 # Paths under /models/ that a model name must not shadow.
-RESERVED_NAMES = frozenset({"scan", "upload", "download", "jobs", "status"})
+RESERVED_NAMES = frozenset({"scan", "upload", "download", "pull", "jobs", "status"})
 # Metadata arrays longer than this are kept as their length only: per-layer values stay, a
 # vocabulary, its scores and merges do not.
 KEEP_LIST_ITEMS = 256
@@ -47,6 +47,15 @@ ScheduleHash = Callable[[LLMModel], Job]
 
 class ImportRefused(ValueError):
     """A file or name cannot be registered; the message says why."""
+
+
+class AlreadyRegistered(ImportRefused):
+    """The file is registered already, at this path or as the same bytes elsewhere (a copy):
+    one entry per file. `model` is the entry that holds it."""
+
+    def __init__(self, model: LLMModel, how: str):
+        super().__init__(f"this file is already registered as {model.name} ({how})")
+        self.model = model
 
 
 # 1. Hashing.
@@ -201,11 +210,14 @@ def register_file(
     name: str | None = None,
     hash_file: bool = True,
     progress: Progress | None = None,
+    sha256: str = "",
 ) -> LLMModel:
     """Register a GGUF file, or refresh the record that already holds it (idempotent).
 
     Raises GGUFError when the reader refuses the file (nothing is registered), ImportRefused
-    for a bad or taken name. With hash_file=False the sha256 stays empty for a hash job.
+    for a bad or taken name, AlreadyRegistered when another entry holds the same bytes. With
+    hash_file=False the sha256 stays empty for a hash job unless a copy check computed it;
+    `sha256` is the caller's, when it hashed the file on the way (a download, a copy).
     """
     resolved = Path(path).resolve()
     info = read_gguf(resolved)
@@ -213,12 +225,16 @@ def register_file(
     existing = LLMModel.all_objects.filter(file_path=str(resolved)).first()
     if existing is not None:
         return _refresh(existing, fields, hash_file=hash_file, progress=progress)
+    copy_of, sha256 = registered_copy(resolved, info.file_size, sha256)
+    if copy_of is not None:
+        raise AlreadyRegistered(copy_of, "the same file: its sha256 matches")
 
     chosen = check_name(name) if name else unique_name(name_from_path(resolved))
     model = LLMModel(file_path=str(resolved), name=chosen, source=source, **fields)
-    model.n_ctx = min(DEFAULT_CTX, info.context_length or DEFAULT_CTX)
+    # n_ctx stays 0, automatic: sized at each load from the training context and free memory.
     model.estimated_bytes = estimated_total(model, info)
-    if hash_file:
+    model.sha256 = sha256
+    if hash_file and not sha256:
         model.sha256 = sha256_file(resolved, progress)
     try:
         with transaction.atomic():
@@ -232,6 +248,42 @@ def register_file(
         return existing
     log.info("registered %s (%s, %s)", model.name, resolved, model.quantization)
     return model
+
+
+def registered_copy(path: Path, size: int, sha256: str = "") -> tuple[LLMModel | None, str]:
+    """(the listed entry whose file has the same bytes as `path` at another path, or None;
+    the file's sha256 if it is known now, else "").
+
+    Only a file of the same size can hold the same bytes, so the file is hashed here only when
+    an entry of its size exists; such an entry not hashed yet is hashed too (and its hash
+    kept). Hidden entries (a deleted packaged model) do not count: registering the same file
+    by hand after deleting it is how someone brings it back.
+    """
+    candidates = list(LLMModel.objects.filter(size_bytes=size).exclude(file_path=str(path)))
+    if not candidates:
+        return None, sha256
+    digest = sha256 or sha256_file(path)
+    for candidate in candidates:
+        theirs = candidate.sha256
+        if not theirs and os.path.isfile(candidate.file_path):
+            theirs = sha256_file(candidate.file_path)
+            LLMModel.all_objects.filter(pk=candidate.pk, sha256="").update(sha256=theirs)
+        if theirs == digest:
+            return candidate, digest
+    return None, digest
+
+
+def copies(models: list[LLMModel]) -> dict[int, list[LLMModel]]:
+    """Model pk -> the other entries with the same sha256: duplicates registered before one
+    entry per file was enforced, shown on the pages so one can be deleted."""
+    by_hash: dict[str, list[LLMModel]] = {}
+    for model in models:
+        if model.sha256:
+            by_hash.setdefault(model.sha256, []).append(model)
+    return {
+        model.pk: [other for other in group if other.pk != model.pk]
+        for group in by_hash.values() if len(group) > 1 for model in group
+    }  # fmt: skip
 
 
 def install_file(
@@ -253,13 +305,10 @@ def install_file(
     target = free_path(filename)
     os.replace(partial, target)  # same directory: atomic
     try:
-        model = register_file(target, source=source, name=name, hash_file=False)
+        model = register_file(target, source=source, name=name, hash_file=False, sha256=sha256)
     except BaseException:
-        target.unlink(missing_ok=True)  # no file without its record
+        target.unlink(missing_ok=True)  # no file without its record (a copy's included)
         raise
-    if sha256:
-        LLMModel.all_objects.filter(pk=model.pk).update(sha256=sha256)
-        model.sha256 = sha256
     return model
 
 
@@ -308,6 +357,11 @@ def register_packaged_models() -> list[LLMModel]:
             # An existing record is found by its path and refreshed (and hashed if it is not).
             model = register_file(resolved, source=LLMModel.Source.PACKAGE,
                                   name=name if free else None)  # fmt: skip
+        except AlreadyRegistered as exc:
+            # Imported by hand before (a copy): that entry is the starter model now.
+            log.info("packaged model %s at %s: %s", name, resolved, exc)
+            registered.append(exc.model)
+            continue
         except (GGUFError, ImportRefused, OSError) as exc:
             log.error("packaged model %s at %s not registered: %s", name, resolved, exc)
             continue
@@ -338,7 +392,7 @@ def scan_report(schedule_hash: ScheduleHash) -> tuple[list[LLMModel], list[tuple
             model = register_file(path, source=LLMModel.Source.SCAN, hash_file=False)
         except (GGUFError, ImportRefused) as exc:
             log.warning("skipping %s: %s", path, exc)
-            skipped.append((str(path), str(exc)))
+            skipped.append((str(path), plain.message(exc)))  # its sentence, then the detail
             continue
         known.add(model.file_path)
         new.append(model)

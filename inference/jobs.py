@@ -84,3 +84,23 @@ def cancel_job(job: Job) -> bool:
             state=Job.State.CANCELLED, message="cancelled", updated_at=timezone.now()
         )
     )
+
+
+def dismiss_job(job: Job) -> bool:
+    """Hide an ended job from the page (a running one must be cancelled first)."""
+    ended = [Job.State.DONE, Job.State.FAILED, Job.State.CANCELLED]
+    return bool(Job.objects.filter(pk=job.pk, state__in=ended).update(dismissed=True))
+
+
+def reset_for_retry(job: Job) -> bool:
+    """Put a failed or cancelled job back to pending, to run the same job (same row, same
+    source) again; False when it had not failed or been cancelled (a double click)."""
+    return bool(
+        Job.objects.filter(pk=job.pk, state__in=[Job.State.FAILED, Job.State.CANCELLED]).update(
+            state=Job.State.PENDING,
+            progress=0.0,
+            message="waiting to start again",
+            dismissed=False,
+            updated_at=timezone.now(),
+        )
+    )

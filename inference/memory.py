@@ -8,7 +8,7 @@ The estimate has three parts, each an upper bound that is close for llama.cpp:
    all KV streams together. The runner sets kv_unified = false: every sequence slot (the
    `parallel` running ones plus the prefix cache's cache_slots) has a stream of its own of
    ctx_per_seq cells, so the cache grows with the slots (inference.preflight passes
-   ctx_per_seq x slots).
+   ctx_per_seq x slots, after sizing an automatic context per sequence).
    Per-layer head counts count at their maximum, and sliding-window layers at full size,
    so models with either are over- rather than under-estimated.
 3. Compute: a fixed 64 MiB for the graph's activations and scratch, plus the logits of one
@@ -55,6 +55,7 @@ class MemoryEstimate:
     gpu_layers: int
     n_ctx_total: int
     kv_type: str
+    ctx_per_seq: int = 0  # the context per sequence it was sized for (0: not given)
 
     @property
     def total_bytes(self) -> int:
@@ -92,6 +93,7 @@ def estimate_memory(
     n_gpu_layers: int = -1,
     parallel: int = 1,
     n_ubatch: int = DEFAULT_UBATCH,
+    ctx_per_seq: int = 0,
 ) -> MemoryEstimate:
     if n_ctx_total <= 0 or parallel <= 0 or n_ubatch <= 0:
         raise ValueError("n_ctx_total, parallel and n_ubatch must be positive")
@@ -113,6 +115,7 @@ def estimate_memory(
         gpu_layers=gpu_layers,
         n_ctx_total=n_ctx_total,
         kv_type=kv_type.lower(),
+        ctx_per_seq=ctx_per_seq,
     )
 
 

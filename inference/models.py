@@ -1,6 +1,7 @@
 """The model registry, background jobs, and the stored figures of every request."""
 
 from django.db import models
+from django.db.models.functions import Lower
 
 from inference.netguard import redact_url
 
@@ -22,6 +23,7 @@ class LLMModel(models.Model):
         URL = "url", "downloaded"
         PACKAGE = "package", "from an installed package"
         IMPORT = "import", "imported with manage.py import_model"
+        PULL = "pull", "pulled from a model registry"
 
     class KvType(models.TextChoices):
         F16 = "f16"
@@ -49,7 +51,9 @@ class LLMModel(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
 
     # Settings (validated by the settings form; the engine receives them at load).
-    n_ctx = models.PositiveIntegerField(default=2048, help_text="context tokens per sequence")
+    n_ctx = models.PositiveIntegerField(
+        default=0, help_text="context tokens per sequence; 0: automatic (inference.preflight)"
+    )
     n_gpu_layers = models.IntegerField(default=-1, help_text="-1: all layers the GPU takes")
     n_threads = models.PositiveIntegerField(default=0, help_text="0: all cores")
     n_batch = models.PositiveIntegerField(default=512)
@@ -72,6 +76,9 @@ class LLMModel(models.Model):
     estimated_bytes = models.BigIntegerField(null=True, blank=True)
     measured_bytes = models.BigIntegerField(null=True, blank=True)
     last_load_seconds = models.FloatField(null=True, blank=True)
+    # When a setting that takes effect at load (context, layers, batch, KV type...) last
+    # changed: a model loaded before then runs with older settings until it is reloaded.
+    load_settings_changed_at = models.DateTimeField(null=True, blank=True)
 
     objects = VisibleModels()  # the default: every list and lookup skips hidden models
     all_objects = models.Manager()
@@ -88,6 +95,25 @@ class LLMModel(models.Model):
         return self.chat_template_override or self.chat_template
 
 
+class PulledName(models.Model):
+    """A name a model was pulled as ("llama3.2:1b", "hf.co/user/repo:Q4_K_M"), which the API
+    lists and answers to, as Ollama does; pages and URLs use the model's slug `name`. Several
+    names may hold one model (Ollama's llama3.2:latest and llama3.2:3b are the same file), and
+    a name moves to the new model when its tag moved on (inference.pulling.job)."""
+
+    name = models.CharField(max_length=200)
+    model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="pulled_names")
+    pulled_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        # Names compare without regard to case, as Ollama's do.
+        constraints = [models.UniqueConstraint(Lower("name"), name="pulled_name_unique")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class Job(models.Model):
     """A background job (hashing, import, download), with progress for the dashboard."""
 
@@ -97,6 +123,7 @@ class Job(models.Model):
         DOWNLOAD = "download"
         UPLOAD = "upload"
         BENCHMARK = "benchmark"
+        PULL = "pull"
 
     class State(models.TextChoices):
         PENDING = "pending"
@@ -111,6 +138,10 @@ class Job(models.Model):
     message = models.TextField(blank=True)
     source = models.CharField(max_length=2000, blank=True)
     model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL)
+    dismissed = models.BooleanField(default=False, help_text="an ended job hidden from the page")
+    # Progress in numbers for whoever follows the job over the API (a pull's layers and
+    # phase, inference.pulling.job); the page reads `progress` and `message`.
+    detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

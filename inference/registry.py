@@ -7,7 +7,8 @@ from django.conf import settings
 
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
-from inference.models import LLMModel
+from inference.models import LLMModel, PulledName
+from inference.pulling.names import canonical
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,10 @@ def parse_keep_alive(value: str | int | float | None) -> float | None:
     return seconds
 
 
-def spec_for(model: LLMModel) -> ModelSpec:
+def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
+    """How to load the model. Its n_ctx 0 (automatic) stays 0: the host's preflight sizes it
+    where the engine runs (inference.preflight.fit). `min_ctx`: the context per sequence a
+    request needs (see context_asked); a loaded engine with less is reloaded."""
     keep_alive = parse_keep_alive(model.keep_alive or settings.DEFAULT_KEEP_ALIVE)
     config = RunnerConfig(
         model_path=model.file_path,
@@ -56,7 +60,23 @@ def spec_for(model: LLMModel) -> ModelSpec:
         kv_type=model.kv_type,
         flash_attn=model.flash_attn,
     )
-    return ModelSpec(model.name, config, 300.0 if keep_alive is None else keep_alive)
+    return ModelSpec(
+        model.name, config, 300.0 if keep_alive is None else keep_alive, min_ctx=min_ctx
+    )
+
+
+def context_asked(model: LLMModel, num_ctx: int | None) -> int:
+    """The context per sequence a request's num_ctx needs (0: none asked), clamped at the
+    model's training context as Ollama clamps it: a home app's fixed num_ctx (Home Assistant
+    sends 8192) keeps working with a model trained for less, and gets what the model holds."""
+    if not num_ctx:
+        return 0
+    trained = model.context_length
+    if trained and num_ctx > trained:
+        log.info("num_ctx %d for %s clamped to its training context %d",
+                 num_ctx, model.name, trained)  # fmt: skip
+        return trained
+    return num_ctx
 
 
 def default_model() -> LLMModel | None:
@@ -72,9 +92,27 @@ def resolve(name: str | None) -> LLMModel:
         return model
     base = name.split(":", 1)[0] if name.endswith(":latest") else name
     model = LLMModel.objects.filter(name__in={name, base}).first()
+    if model is None and (pulled := canonical(name)):
+        # The name it was pulled as: "llama3.2" is "llama3.2:latest", as in Ollama.
+        found = (
+            PulledName.objects.select_related("model")
+            .filter(name__iexact=pulled, model__hidden=False)
+            .first()
+        )
+        model = found.model if found else None
     if model is None:
         raise UnknownModel(f"model {name!r} not found")
     return model
+
+
+def forget_name(model: LLMModel, name: str) -> bool:
+    """Ollama's delete of one of a model's several names: that pulled name goes, the model and
+    its other names stay. False (nothing done) unless `name` is one of several."""
+    pulled = canonical(name)
+    names = model.pulled_names.all()
+    if pulled is None or names.count() < 2:
+        return False
+    return names.filter(name__iexact=pulled).delete()[0] > 0
 
 
 def unload_idle_models() -> list[str]:

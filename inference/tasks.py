@@ -12,9 +12,10 @@ inside inference.downloads, so both modes retry the same way.
 from django.db import OperationalError
 
 from appliance.celery import app
-from inference import downloads, importing
+from inference import downloads, importing, jobs
 from inference.dispatch import dispatch
 from inference.models import Job, LLMModel
+from inference.pulling import job as pulling
 
 HOUR = 3600
 # A database that is briefly locked or unreachable is worth waiting for; nothing else is.
@@ -46,6 +47,46 @@ def schedule_hash(model: LLMModel) -> Job:
 def download_model(job_id: int) -> int | None:
     model = downloads.download_model(job_id)
     return model.pk if model else None
+
+
+# Like a download: long, and resumed from its partial file if it is redelivered.
+@app.task(name="inference.pull_model", soft_time_limit=24 * HOUR, time_limit=24 * HOUR + 60,
+          **DB_RETRY)  # fmt: skip
+def pull_model(job_id: int) -> int | None:
+    model = pulling.pull_model(job_id)
+    return model.pk if model else None
+
+
+def schedule_pull(name: str, *, insecure: bool = False) -> Job:
+    """The job that pulls `name` (its display form, inference.pulling.names), or the one
+    already pulling it: a second pull of a name follows the first."""
+    running = pulling.active_pull(name)
+    if running is not None:
+        return running
+    job = Job.objects.create(kind=Job.Kind.PULL, source=name, message="waiting to start",
+                             detail={"insecure": insecure})  # fmt: skip
+    dispatch(pull_model, job.id)
+    return job
+
+
+# The jobs that Retry runs again, by kind: each task takes the job's id and resumes it from its
+# row (a download or a pull from its partial file). Uploads cannot be retried: their bytes came
+# from a browser.
+RETRY_TASKS = {
+    Job.Kind.HASH: hash_model, Job.Kind.DOWNLOAD: download_model, Job.Kind.PULL: pull_model,
+}  # fmt: skip
+
+
+def retry(job: Job) -> bool:
+    """Run a failed or cancelled job again; False when its kind cannot be retried, it had not
+    failed, or (a hash) its model is gone."""
+    task = RETRY_TASKS.get(job.kind)
+    if task is None or (job.kind == Job.Kind.HASH and job.model_id is None):
+        return False
+    if not jobs.reset_for_retry(job):
+        return False
+    dispatch(task, job.id)
+    return True
 
 
 @app.task(name="inference.scan_models_dir", soft_time_limit=600, time_limit=660, **DB_RETRY)

@@ -10,6 +10,7 @@ and CSRF does not apply. Keys are looked up by their SHA-256 hash.
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
@@ -135,6 +136,24 @@ def app_id(request: HttpRequest) -> str:
     """The app behind the request: its key. Its conversation for the prefix cache, and what
     MAX_STREAMS_PER_KEY counts."""
     return f"apikey:{request.api_key.pk}"
+
+
+# Open WebUI's chat id (a UUID; "local:<id>" for temporary chats), as far as a cache key takes it.
+CHAT_ID_HEADER = "X-OpenWebUI-Chat-Id"
+_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+
+
+def conversation_key(request: HttpRequest) -> str:
+    """The request's conversation for the prefix cache: the app's key, narrowed to one chat
+    when the app names it (Open WebUI sends X-OpenWebUI-Chat-Id), so its chats keep a slot each
+    instead of competing for the app's. Only a hint for which slot to prefer: the KV it may
+    reuse is still bounded by cache_partition, which no header changes. A header that is not a
+    plain id of at most 128 characters is ignored."""
+    base = app_id(request)
+    chat = request.headers.get(CHAT_ID_HEADER, "")
+    if chat and _CHAT_ID.fullmatch(chat):
+        return f"{base}:chat:{chat}"
+    return base
 
 
 def cache_partition(request: HttpRequest) -> str:

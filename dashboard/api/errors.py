@@ -82,6 +82,7 @@ _REFUSALS = {
     "too_long": (400, "context_length_exceeded"),
     "busy": (429, "engine_busy"),
     "load_failed": (503, "model_load_failed"),
+    "no_memory": (507, "insufficient_memory"),  # a load (or num_ctx) too big for free memory
     "unavailable": (503, "engine_unavailable"),
 }
 

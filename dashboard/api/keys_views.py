@@ -1,8 +1,13 @@
 """The API keys page (/api-keys/): staff create and revoke the keys home apps use.
 
 A new key is shown once, in the response to the form that created it, and never stored: the
-database keeps only its hash and a prefix to tell keys apart.
+database keeps only its hash and a prefix to tell keys apart. Beside it: a copy button and
+examples ready to paste, filled with this box's address (the host the browser used) and the
+new key. Revoking asks first, on a page of its own, so it works without JavaScript.
 """
+
+import json
+from typing import NamedTuple
 
 from django import forms
 from django.contrib import messages
@@ -13,6 +18,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.models import ApiKey
 from dashboard.web.security import staff_required, with_csp
+from inference.registry import default_model
+
+KEY_PLACEHOLDER = "YOUR_KEY"
+MODEL_PLACEHOLDER = "MODEL"
 
 
 class ApiKeyForm(forms.Form):
@@ -38,13 +47,65 @@ class ApiKeyForm(forms.Form):
         return name
 
 
+class Example(NamedTuple):
+    slug: str  # the element id
+    title: str
+    text: str
+
+
+def examples(base_url: str, key: str, model: str) -> list[Example]:
+    """What a home app needs, ready to paste: the same request in each dialect the LAN API
+    speaks, and the official clients as their documentation sets them up."""
+    base = base_url.rstrip("/")
+    chat = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}]})
+    ollama_chat = json.dumps({
+        "model": model, "messages": [{"role": "user", "content": "Hello!"}], "stream": False,
+    })  # fmt: skip
+    return [
+        Example("curl-openai", "curl, OpenAI dialect", (
+            f"curl {base}/v1/chat/completions \\\n"
+            f'  -H "Authorization: Bearer {key}" \\\n'
+            f'  -H "Content-Type: application/json" \\\n'
+            f"  -d '{chat}'"
+        )),
+        Example("curl-ollama", "curl, Ollama dialect", (
+            f"curl {base}/api/chat \\\n"
+            f'  -H "Authorization: Bearer {key}" \\\n'
+            f"  -d '{ollama_chat}'"
+        )),
+        Example("python-openai", "Python, the openai client", (
+            "from openai import OpenAI\n\n"
+            f'client = OpenAI(base_url="{base}/v1", api_key="{key}")\n'
+            "answer = client.chat.completions.create(\n"
+            f'    model="{model}", messages=[{{"role": "user", "content": "Hello!"}}]\n'
+            ")\n"
+            "print(answer.choices[0].message.content)"
+        )),
+        Example("python-ollama", "Python, the ollama client", (
+            "from ollama import Client\n\n"
+            f'client = Client(host="{base}", headers={{"Authorization": "Bearer {key}"}})\n'
+            f'answer = client.chat(model="{model}", messages=[{{"role": "user", "content": '
+            '"Hello!"}])\n'
+            "print(answer.message.content)"
+        )),
+    ]  # fmt: skip
+
+
 def _page(request: HttpRequest, form: ApiKeyForm, new_key: str | None = None,
           status: int = 200) -> HttpResponse:  # fmt: skip
+    base_url = request.build_absolute_uri("/")  # the address this browser reached the box at
+    model = default_model()
+    model_name = model.name if model else MODEL_PLACEHOLDER
+    key = new_key or KEY_PLACEHOLDER
     return render(request, "api/keys.html", {
         "form": form,
         "keys": ApiKey.objects.all(),
         "new_key": new_key,
-        "base_url": request.build_absolute_uri("/"),
+        "base_url": base_url,
+        "base": base_url.rstrip("/"),
+        "example_key": key,
+        "model_name": model_name,
+        "examples": examples(base_url, key, model_name),
     }, status=status)  # fmt: skip
 
 
@@ -64,12 +125,19 @@ def keys_page(request: HttpRequest) -> HttpResponse:
     return _page(request, ApiKeyForm(), new_key=raw)
 
 
+@never_cache
 @staff_required
+@with_csp
 @require_POST
 def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
+    """The table's Revoke button asks first (a confirmation page); the page's own button,
+    which sends confirm=yes, revokes."""
     key = get_object_or_404(ApiKey, pk=key_id)
-    if not key.revoked:
-        key.revoked = True
-        key.save(update_fields=["revoked"])
-        messages.success(request, f"the key {key.name} is revoked")
+    if key.revoked:
+        return redirect("api_keys")
+    if request.POST.get("confirm") != "yes":
+        return render(request, "api/revoke_confirm.html", {"key": key})
+    key.revoked = True
+    key.save(update_fields=["revoked"])
+    messages.success(request, f"the key {key.name} is revoked: apps using it are refused now")
     return redirect("api_keys")

@@ -1,15 +1,15 @@
-"""Ollama request bodies: /api/chat, /api/generate, /api/show and /api/delete."""
+"""Ollama request bodies: /api/chat, /api/generate, /api/show, /api/delete and /api/pull."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
 
 from dashboard.api.schemas import (
     MAX_MESSAGES,
     MAX_NAME_CHARS,
     MAX_TOOLS,
-    NO_GRAMMAR,
     Content,
+    GrammarText,
     ModelName,
     Penalty,
     PromptText,
@@ -20,11 +20,14 @@ from dashboard.api.schemas import (
     Tools,
     TopK,
     Unit,
+    one_grammar,
     refuse_if,
     total_chars,
 )
+from dashboard.api.structured import check_schema, json_object_grammar, schema_grammar
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from inference.registry import parse_keep_alive
+from inference.thinking import LEVELS, Level
 
 
 def _keep_alive(value: Any) -> float | None:
@@ -37,26 +40,34 @@ KeepAlive = Annotated[
     float | None, BeforeValidator(_keep_alive, json_schema_input_type=str | float | None)
 ]
 Format = Annotated[
-    Literal[""] | None,
-    BeforeValidator(lambda v: None if v in ("", None) else _refuse_format(),
+    Literal["json"] | dict[str, Any] | None,
+    BeforeValidator(lambda v: _format(v),
                     json_schema_input_type=Literal["", "json"] | dict[str, Any] | None),
-]  # fmt: skip
+]  # "json": any JSON object; a JSON schema: output that validates against it  # fmt: skip
 Think = Annotated[
-    bool | None,
-    BeforeValidator(lambda v: _refuse_think() if v not in (None, False) else v,
-                    json_schema_input_type=bool | Literal["low", "medium", "high"] | None),
-]  # fmt: skip
+    bool | Level | None,
+    BeforeValidator(lambda v: _think(v), json_schema_input_type=bool | Level | None),
+]  # whether the model may think first; a model without a thinking mode refuses true (prompts.py)
 Images = Annotated[
     list[str] | None, refuse_if(bool, "images are not supported: this model takes text only")
 ]
 
 
-def _refuse_format():
-    raise ValueError(f"format json {NO_GRAMMAR}")
+def _format(value: Any) -> Any:
+    if value in ("", None):
+        return None
+    if value == "json":
+        return "json"
+    if isinstance(value, dict):
+        return check_schema(value)  # a 400 naming what the grammar cannot enforce
+    raise ValueError('format must be "json" or a JSON schema (an object)')
 
 
-def _refuse_think():
-    raise ValueError("this model does not think: think must be false")
+def _think(value: Any) -> Any:
+    # gpt-oss's levels; for a model that can only switch thinking on or off they mean "on".
+    if value is None or isinstance(value, bool) or value in LEVELS:
+        return value
+    raise ValueError('think must be true, false, "low", "medium" or "high"')
 
 
 def _num_predict(value: int | None) -> int | None:
@@ -66,7 +77,11 @@ def _num_predict(value: int | None) -> int | None:
 
 
 class OllamaOptions(Strict):
-    num_ctx: Annotated[int, Field(ge=1, le=1 << 20)] | None = None  # informational: see /api/ps
+    # The context per sequence asked: more than loaded reloads (ollama_views._num_ctx).
+    num_ctx: Annotated[int, Field(ge=1, le=1 << 20, description=(
+        "tokens per sequence; more than the loaded model holds reloads it once idle (507 if it "
+        "cannot fit), less runs as loaded; clamped at the model's training context"
+    ))] | None = None  # fmt: skip
     num_predict: Annotated[
         int | None, Field(ge=-2, le=MAX_TOKENS_LIMIT), AfterValidator(_num_predict)
     ] = None
@@ -110,7 +125,7 @@ class OllamaMessage(Strict):
     images: Images = None
     tool_calls: Annotated[list[OllamaToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_name: Annotated[str, Field(max_length=64)] | None = None
-    thinking: Content | None = None  # sent back by clients; this engine never produces it
+    thinking: Content | None = None  # an earlier answer's; templates read reasoning_content
 
 
 class OllamaGenerationBase(Strict):
@@ -119,13 +134,43 @@ class OllamaGenerationBase(Strict):
     stream: bool = True
     keep_alive: KeepAlive = None
     format: Format = None
+    # A GBNF grammar, as llama-server takes it (Ollama itself has none); not beside format.
+    grammar: GrammarText | None = None
     think: Think = None
     logprobs: Annotated[
         bool | None, refuse_if(bool, "logprobs are not supported by this engine")
     ] = None
 
+    @field_validator("grammar")
+    @classmethod
+    def _one_grammar(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return one_grammar(value, info.data.get("format"), "format")
+
+    @field_validator("think")
+    @classmethod
+    def _think_without_grammar(cls, value: Think, info: ValidationInfo) -> Think:
+        # A grammar holds every token to it, the thinking too: a block the prompt opened would
+        # fill with JSON. Constrained output goes without thinking (think_switch).
+        constrained = info.data.get("format") is not None or info.data.get("grammar") is not None
+        if value not in (None, False) and constrained:
+            raise ValueError("think cannot be combined with format or grammar: the grammar "
+                             "would hold the thinking to it too; send think: false")  # fmt: skip
+        return value
+
+    @property
+    def think_switch(self) -> bool | Level | None:
+        """The switch the template gets: off when the output is constrained."""
+        return False if self.format is not None or self.grammar is not None else self.think
+
     def sampling(self) -> dict:
-        return self.options.sampling() if self.options else {}
+        params = self.options.sampling() if self.options else {}
+        if self.format == "json":
+            params["grammar"] = json_object_grammar()
+        elif self.format is not None:
+            params["grammar"] = schema_grammar(self.format)
+        elif self.grammar is not None:
+            params["grammar"] = self.grammar
+        return params
 
 
 class OllamaChatRequest(OllamaGenerationBase):
@@ -163,6 +208,20 @@ class OllamaModelRequest(Strict):
     model: ModelName = ""
     name: ModelName = ""
     verbose: bool = False
+
+    @property
+    def target(self) -> str:
+        return self.model or self.name
+
+
+class OllamaPullRequest(Strict):
+    """/api/pull: the name to pull (`model`, or `name`), `insecure` for plain http to a
+    registry the name itself names, and `stream` (default true) for progress lines."""
+
+    model: ModelName = ""
+    name: ModelName = ""
+    insecure: bool = False
+    stream: bool = True
 
     @property
     def target(self) -> str:

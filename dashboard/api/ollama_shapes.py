@@ -4,6 +4,7 @@ from datetime import UTC, datetime, timedelta
 
 from dashboard.api.tools import template_renders_tools
 from inference.models import LLMModel
+from inference.thinking import thinking_mode
 
 # Ollama reports a model kept loaded for ever (keep_alive < 0) with an expiry centuries away.
 FOREVER = timedelta(days=365 * 290)
@@ -17,8 +18,14 @@ def now_iso() -> str:
     return iso(datetime.now(UTC))
 
 
+def tag_names(model: LLMModel) -> list[str]:
+    """The names it was pulled as ("llama3.2:1b"), so an app finds what it pulled; else the
+    registry name as Ollama's latest tag."""
+    return [pulled.name for pulled in model.pulled_names.all()] or [f"{model.name}:latest"]
+
+
 def tag_name(model: LLMModel) -> str:
-    return f"{model.name}:latest"
+    return tag_names(model)[0]
 
 
 def human_count(count: int | None) -> str:
@@ -43,10 +50,11 @@ def details(model: LLMModel) -> dict:
     }
 
 
-def tag(model: LLMModel) -> dict:
+def tag(model: LLMModel, name: str | None = None) -> dict:
+    name = name or tag_name(model)
     return {
-        "name": tag_name(model),
-        "model": tag_name(model),
+        "name": name,
+        "model": name,
         "modified_at": iso(model.last_used_at or model.created_at),
         "size": model.size_bytes,
         "digest": model.sha256,
@@ -68,7 +76,7 @@ def process(row: dict, model: LLMModel | None, runner: dict, now: datetime) -> d
     expires_in = row.get("expires_in")
     expires = now + (FOREVER if expires_in is None else timedelta(seconds=max(0.0, expires_in)))
     size = int(row.get("size_bytes") or 0)
-    name = f"{row['name']}:latest"
+    name = tag_name(model) if model else f"{row['name']}:latest"
     return {
         "name": name,
         "model": name,
@@ -77,12 +85,16 @@ def process(row: dict, model: LLMModel | None, runner: dict, now: datetime) -> d
         "details": details(model) if model else {"format": "gguf"},
         "expires_at": iso(expires),
         "size_vram": _vram_bytes(size, model, runner) if model else 0,
-        "context_length": runner.get("ctx_per_seq") or (model.n_ctx if model else None),
+        # What the loaded engine holds per sequence (automatic or asked contexts resolved).
+        "context_length": runner.get("ctx_per_seq") or row.get("ctx_per_seq")
+        or (model.n_ctx if model else None) or None,
     }
 
 
 def _parameters(model: LLMModel) -> str:
-    lines = []
+    # An explicit context per sequence, as a Modelfile's PARAMETER num_ctx; an automatic one
+    # (n_ctx 0) is sized at load, and /api/ps reports what was loaded.
+    lines = [f"{'num_ctx':<15} {model.n_ctx}"] if model.n_ctx else []
     for key, value in sorted((model.default_params or {}).items()):
         for item in value if isinstance(value, list) else [value]:
             lines.append(f"{key:<15} {item}")
@@ -104,6 +116,8 @@ def show(model: LLMModel) -> dict:
     capabilities = ["completion"]
     if template_renders_tools(model.effective_chat_template):
         capabilities.append("tools")
+    if thinking_mode(model.effective_chat_template):
+        capabilities.append("thinking")  # Ollama's name: think: true is accepted
     modelfile = [f"FROM {model.name}"]
     modelfile += [f"PARAMETER {line}" for line in _parameters(model).splitlines()]
     if model.system_prompt:

@@ -17,7 +17,14 @@ from importlib.metadata import PackageNotFoundError, version
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from dashboard.api.auth import api_endpoint, app_id, cache_partition, require_scope
+from dashboard.api.answers import AnswerParser
+from dashboard.api.auth import (
+    api_endpoint,
+    app_id,
+    cache_partition,
+    conversation_key,
+    require_scope,
+)
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
@@ -25,17 +32,16 @@ from dashboard.api.ollama_schemas import (
     OllamaGenerationBase,
     OllamaModelRequest,
 )
-from dashboard.api.ollama_shapes import now_iso, process, show, tag
-from dashboard.api.prompts import ChatPrompt, chat_prompt, raw_add_special
+from dashboard.api.ollama_shapes import now_iso, process, show, tag, tag_names
+from dashboard.api.prompts import ChatPrompt, chat_prompt, raw_prompt
 from dashboard.api.runs import Run, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.api.timings import ollama_durations
-from dashboard.api.tools import ToolCallParser
 from dashboard.models import ApiKey
 from dashboard.registry import lifecycle
 from inference.models import LLMModel
-from inference.registry import spec_for
+from inference.registry import context_asked, forget_name, spec_for
 from inference.serving.client import get_client
 from inference.serving.core import refusal
 
@@ -62,8 +68,9 @@ async def api_version(request: HttpRequest) -> JsonResponse:
 
 @ollama_get
 async def tags(request: HttpRequest) -> JsonResponse:
-    models = await sync_to_async(list)(LLMModel.objects.all())
-    return JsonResponse({"models": [tag(m) for m in models]})
+    models = await sync_to_async(list)(LLMModel.objects.prefetch_related("pulled_names"))
+    # One entry per name, as Ollama lists them: a model pulled under two names shows twice.
+    return JsonResponse({"models": [tag(m, name) for m in models for name in tag_names(m)]})
 
 
 def _running() -> list[dict]:
@@ -102,6 +109,13 @@ async def delete_model(request: HttpRequest) -> JsonResponse:
     if not body.target:
         raise ApiError(400, "model is required", param="model")
     model = await resolve_model(body.target)
+    if await sync_to_async(forget_name)(model, body.target):
+        # One name of several (pulled as llama3.2 and llama3.2:3b): the model stays, as in Ollama.
+        log.info("name %s of %s deleted (through the API, key %s)", body.target, model.name,
+                 request.api_key.name)  # fmt: skip
+        return JsonResponse({"status": "success",
+                             "message": f"{body.target} deleted; {model.name} keeps its other "
+                             "names"})  # fmt: skip
     try:
         # The registry page's delete: unload if idle, then unregister (the file goes when it
         # lives in the models directory; a packaged model is hidden).
@@ -120,7 +134,7 @@ async def _load_or_unload(request, model: LLMModel, body: OllamaGenerationBase, 
     # chat: a chat key gets a 403 here, in Ollama's error shape.
     action = "unloading a model" if body.keep_alive == 0 else "loading a model"
     require_scope(request.api_key, ApiKey.Scope.MANAGE, f"{action} with an empty prompt")
-    spec = spec_for(model)
+    spec = spec_for(model, min_ctx=_num_ctx(model, body))
     if body.keep_alive is not None:
         spec = dataclasses.replace(spec, keep_alive=body.keep_alive)
     try:
@@ -158,7 +172,7 @@ async def chat(request: HttpRequest) -> HttpResponse:
             request, model, body, {"message": {"role": "assistant", "content": ""}}
         )
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt = await chat_prompt(model, messages, body.active_tools)
+    prompt = await chat_prompt(model, messages, body.active_tools, think=body.think_switch)
     return await _generate(request, model, body, prompt, "message")
 
 
@@ -169,23 +183,33 @@ async def generate(request: HttpRequest) -> HttpResponse:
     if not body.prompt:
         return await _load_or_unload(request, model, body, {"response": ""})
     if body.raw:
-        prompt = ChatPrompt(body.prompt, raw_add_special(model, body.prompt), None)
+        prompt = raw_prompt(model, body.prompt, body.think_switch)
     else:
         messages = [{"role": "user", "content": body.prompt}]
         if body.system:
             messages.insert(0, {"role": "system", "content": body.system})
-        prompt = await chat_prompt(model, messages, None)
+        prompt = await chat_prompt(model, messages, None, think=body.think_switch)
     return await _generate(request, model, body, prompt, "response")
 
 
-def _piece(key: str, text: str, calls: list | None = None) -> dict:
-    """The answer field of one line: chat has `message`, generate has `response`."""
+def _piece(key: str, text: str, calls: list | None = None, thinking: str = "") -> dict:
+    """The answer field of one line: chat has `message`, generate has `response`; the thinking
+    goes beside the text, as `message.thinking` or `thinking`, when there is some."""
+    extra = {"thinking": thinking} if thinking else {}
     if key == "response":
-        return {"response": text}
-    message = {"role": "assistant", "content": text}
+        return {"response": text, **extra}
+    message = {"role": "assistant", "content": text, **extra}
     if calls:
         message["tool_calls"] = [call.ollama() for call in calls]
     return {"message": message}
+
+
+def _num_ctx(model: LLMModel, body: OllamaGenerationBase) -> int:
+    """The context per sequence the request asks (options.num_ctx, clamped at the model's
+    training context; 0: none). More than the loaded model holds reloads it when it fits (a 507
+    with the numbers when not); less just runs on what is loaded. Any scope may ask: Home
+    Assistant sends num_ctx on a chat key."""
+    return context_asked(model, body.options.num_ctx if body.options else None)
 
 
 def _granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -> float | None:
@@ -207,12 +231,14 @@ def _granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -
 
 async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str):
     keep_alive = _granted_keep_alive(request.api_key, model, body.keep_alive)
-    run = Run(model, prompt.text, body.sampling(), source="ollama",
+    run = Run(model, prompt.text, prompt.constrain(body.sampling()), source="ollama",
               client_name=_client_name(request), keep_alive=keep_alive,
-              add_special=prompt.add_special, cache_key=app_id(request), app=app_id(request),
-              cache_partition=cache_partition(request))  # fmt: skip
+              add_special=prompt.add_special, cache_key=conversation_key(request),
+              app=app_id(request),
+              cache_partition=cache_partition(request),
+              min_ctx=_num_ctx(model, body))  # fmt: skip
     await run.start()
-    parser = prompt.tool_parser()
+    parser = prompt.answer_parser()
     if body.stream:
         return stream_response(_lines(run, body.model, key, parser), "application/x-ndjson")
     async for _ in run.events():
@@ -220,32 +246,28 @@ async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str
     final = run.final or {}
     if final.get("type") != "done":
         raise from_event(final)
-    text, calls = final["text"], []
-    if parser:
-        text = parser.feed(text)
-        rest, calls = parser.finish()
-        text += rest
-    return JsonResponse(_last_line(body.model, key, text, calls, final))
+    piece, calls = parser.whole(final["text"])
+    return JsonResponse(_last_line(body.model, key, piece.content, calls, final, piece.thinking))
 
 
-def _last_line(name: str, key: str, text: str, calls: list, done: dict) -> dict:
-    return {"model": name, "created_at": now_iso(), **_piece(key, text, calls), "done": True,
-            "done_reason": done["finish_reason"], **ollama_durations(done["figures"])}  # fmt: skip
+def _last_line(name: str, key: str, text: str, calls: list, done: dict, thinking: str = "") -> dict:
+    return {"model": name, "created_at": now_iso(), **_piece(key, text, calls, thinking),
+            "done": True, "done_reason": done["finish_reason"],
+            **ollama_durations(done["figures"])}  # fmt: skip
 
 
-async def _lines(
-    run: Run, name: str, key: str, parser: ToolCallParser | None
-) -> AsyncIterator[bytes]:
+async def _lines(run: Run, name: str, key: str, parser: AnswerParser) -> AsyncIterator[bytes]:
     try:
         async for event in run.events():
             if event["type"] == "token":
-                text = parser.feed(event["text"]) if parser else event["text"]
-                if text:
-                    yield ndjson({"model": name, "created_at": now_iso(), **_piece(key, text),
+                piece = parser.feed(event["text"])
+                if piece:
+                    yield ndjson({"model": name, "created_at": now_iso(),
+                                  **_piece(key, piece.content, thinking=piece.thinking),
                                   "done": False})  # fmt: skip
             elif event["type"] == "done":
-                rest, calls = parser.finish() if parser else ("", [])
-                yield ndjson(_last_line(name, key, rest, calls, event))
+                rest, calls = parser.finish()
+                yield ndjson(_last_line(name, key, rest.content, calls, event, rest.thinking))
             elif event["type"] == "error":
                 yield ndjson(from_event(event).body("ollama"))
                 return

@@ -2,14 +2,22 @@
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dashboard.api.schemas import (
     MAX_CONTENT_CHARS,
     MAX_MESSAGES,
     MAX_TOOLS,
-    NO_GRAMMAR,
     Content,
+    GrammarText,
+    JsonSchema,
     MaxTokens,
     ModelName,
     Penalty,
@@ -23,10 +31,13 @@ from dashboard.api.schemas import (
     Tools,
     TopK,
     Unit,
+    one_grammar,
     refuse_if,
     text_parts,
     total_chars,
 )
+from dashboard.api.structured import json_object_grammar, schema_grammar
+from inference.thinking import Think
 
 
 class OpenAIFunctionCall(Strict):
@@ -49,15 +60,40 @@ class OpenAIMessage(Strict):
     name: Annotated[str, Field(max_length=64)] | None = None
     tool_calls: Annotated[list[OpenAIToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_call_id: ShortText | None = None
+    reasoning_content: Content | None = None  # an earlier answer's thinking (DeepSeek's name)
 
 
 class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+    description: Content | None = None
+    schema_: Annotated[JsonSchema | None, Field(alias="schema")] = None  # none: any object
+    # Accepted either way: the grammar always holds the output to the schema, and a schema
+    # keyword it cannot enforce is a 400 with or without strict.
+    strict: bool | None = None
+
+
 class ResponseFormat(Strict):
+    """text; json_object (any JSON object, or llama-server's `schema` beside it); json_schema."""
+
     type: Literal["text", "json_object", "json_schema"] = "text"
-    json_schema: dict[str, Any] | None = None
+    json_schema: JsonSchemaFormat | None = None
+    schema_: Annotated[JsonSchema | None, Field(alias="schema")] = None  # llama-server's
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a json_schema response_format needs json_schema: {name, schema}")
+        return self
+
+    def grammar(self) -> str | None:
+        if self.type == "text":
+            return None
+        schema = self.json_schema.schema_ if self.json_schema else self.schema_
+        return json_object_grammar() if schema is None else schema_grammar(schema)
 
 
 class OpenAISampling(Strict):
@@ -82,6 +118,7 @@ class OpenAISampling(Strict):
     logit_bias: Annotated[
         dict[str, float] | None, refuse_if(bool, "logit_bias is not supported by this engine")
     ] = None
+    grammar: GrammarText | None = None  # llama-server's: a GBNF grammar for the output
 
     def sampling(self) -> dict:
         fields = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
@@ -91,6 +128,8 @@ class OpenAISampling(Strict):
             params["max_tokens"] = self.max_tokens
         if self.stop:
             params["stop"] = tuple(self.stop)
+        if self.grammar is not None:
+            params["grammar"] = self.grammar
         return params
 
     @property
@@ -112,19 +151,55 @@ class ChatCompletionRequest(OpenAISampling):
                   "tool_choice can be 'auto' or 'none': this engine cannot force a tool call"),
     ] = None  # fmt: skip
     parallel_tool_calls: bool | None = None
-    response_format: Annotated[
-        ResponseFormat | None,
-        refuse_if(lambda v: v.type != "text", f"response_format json_object {NO_GRAMMAR}"),
-    ] = None
+    response_format: ResponseFormat | None = None
     logprobs: Annotated[
         bool | None, refuse_if(bool, "logprobs are not supported by this engine")
     ] = None
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    # Thinking: "none" and "minimal" turn a thinking mode off (the least a switch can do); the
+    # levels turn it on and reach templates that read them (gpt-oss).
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+
+    @property
+    def think(self) -> Think:
+        """The switch the template gets: off when the output is constrained by a grammar, which
+        would hold the thinking to it too."""
+        if self.reasoning_effort in ("none", "minimal") or self._constrained:
+            return False
+        return self.reasoning_effort
+
+    @property
+    def _constrained(self) -> bool:
+        format_ = self.response_format
+        return self.grammar is not None or (format_ is not None and format_.type != "text")
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _think_without_grammar(cls, value: str | None, info: ValidationInfo) -> str | None:
+        format_ = info.data.get("response_format")
+        constrained = info.data.get("grammar") is not None or (
+            format_ is not None and format_.type != "text"
+        )
+        if value not in (None, "none", "minimal") and constrained:
+            raise ValueError("reasoning_effort cannot be combined with a json response_format "
+                             "or grammar: the grammar would hold the thinking to it too; send "
+                             "reasoning_effort: none")  # fmt: skip
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _one_grammar(cls, value: ResponseFormat | None, info: ValidationInfo):
+        constraining = value if value is not None and value.type != "text" else None
+        one_grammar(info.data.get("grammar"), constraining, "response_format")
+        return value
 
     def sampling(self) -> dict:
         params = super().sampling()
         if self.max_completion_tokens is not None:
             params["max_tokens"] = self.max_completion_tokens
+        grammar = self.response_format.grammar() if self.response_format else None
+        if grammar is not None:
+            params["grammar"] = grammar
         return params
 
     @property

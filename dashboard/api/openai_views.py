@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.auth import api_endpoint, app_id, cache_partition
+from dashboard.api.answers import AnswerParser, Piece
+from dashboard.api.auth import api_endpoint, app_id, cache_partition, conversation_key
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from dashboard.api.prompts import chat_prompt, raw_add_special
@@ -21,7 +22,6 @@ from dashboard.api.runs import Run, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import SSE_DONE, sse, stream_response
 from dashboard.api.timings import openai_timings, openai_usage
-from dashboard.api.tools import ToolCallParser
 from inference.models import LLMModel
 
 openai_endpoint = api_endpoint(dialect="openai", methods=("POST",))
@@ -75,14 +75,6 @@ async def _answer(run: Run) -> dict:
     return run.final
 
 
-def _split_tools(text: str, parser: ToolCallParser | None) -> tuple[str, list]:
-    if parser is None:
-        return text, []
-    visible = parser.feed(text)
-    rest, calls = parser.finish()
-    return visible + rest, calls
-
-
 # --- chat --------------------------------------------------------------------------------
 
 
@@ -91,23 +83,28 @@ async def chat_completions(request: HttpRequest):
     body = parse_body(request, ChatCompletionRequest)
     model = await resolve_model(body.model)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt = await chat_prompt(model, messages, body.active_tools)
-    run = Run(model, prompt.text, body.sampling(), source="openai",
+    prompt = await chat_prompt(model, messages, body.active_tools, think=body.think,
+                               think_param="reasoning_effort")  # fmt: skip
+    sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls is not False)
+    run = Run(model, prompt.text, sampling, source="openai",
               client_name=request.api_key.name, add_special=prompt.add_special,
-              cache_key=app_id(request), app=app_id(request),
+              cache_key=conversation_key(request), app=app_id(request),
               cache_partition=cache_partition(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "chatcmpl", "chat.completion")
     if body.stream:
         envelope.object = "chat.completion.chunk"
-        chunks = _chat_chunks(run, envelope, prompt.tool_parser(), body.include_usage)
+        chunks = _chat_chunks(run, envelope, prompt.answer_parser(), body.include_usage)
         return stream_response(chunks, "text/event-stream")
     done = await _answer(run)
-    text, calls = _split_tools(done["text"], prompt.tool_parser())
+    piece, calls = prompt.answer_parser().whole(done["text"])
+    text = piece.content
     message: dict = {"role": "assistant", "content": text}
     if calls:
         message = {"role": "assistant", "content": text or None,
                    "tool_calls": [call.openai() for call in calls]}  # fmt: skip
+    if piece.thinking:
+        message["reasoning_content"] = piece.thinking  # llama-server's and DeepSeek's name
     reason = "tool_calls" if calls else finish_reason(done["finish_reason"])
     choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
     return JsonResponse(envelope.wrap([choice], usage=openai_usage(done["figures"]),
@@ -115,7 +112,7 @@ async def chat_completions(request: HttpRequest):
 
 
 async def _chat_chunks(
-    run: Run, envelope: Envelope, parser: ToolCallParser | None, include_usage: bool
+    run: Run, envelope: Envelope, parser: AnswerParser, include_usage: bool
 ) -> AsyncIterator[bytes]:
     extra = {"usage": None} if include_usage else {}
 
@@ -127,15 +124,14 @@ async def _chat_chunks(
         yield chunk({"role": "assistant", "content": ""})
         async for event in run.events():
             if event["type"] == "token":
-                text = parser.feed(event["text"]) if parser else event["text"]
-                if text:
-                    yield chunk({"content": text})
+                delta = _delta(parser.feed(event["text"]))
+                if delta:
+                    yield chunk(delta)
             elif event["type"] == "done":
-                calls = []
-                if parser:
-                    rest, calls = parser.finish()
-                    if rest:
-                        yield chunk({"content": rest})
+                rest, calls = parser.finish()
+                delta = _delta(rest)
+                if delta:
+                    yield chunk(delta)
                 for index, call in enumerate(calls):
                     yield chunk({"tool_calls": [call.openai(index)]})
                 figures = event["figures"]
@@ -152,6 +148,15 @@ async def _chat_chunks(
         await run.close()  # a client that left mid-stream cancels its generation here
 
 
+def _delta(piece: Piece) -> dict:
+    """A chunk's delta: the thinking as `reasoning_content` (llama-server's, DeepSeek's and
+    vLLM's field), the answer as `content`; only what the piece has."""
+    delta = {"reasoning_content": piece.thinking} if piece.thinking else {}
+    if piece.content:
+        delta["content"] = piece.content
+    return delta
+
+
 # --- completions -------------------------------------------------------------------------
 
 
@@ -161,7 +166,7 @@ async def completions(request: HttpRequest):
     model = await resolve_model(body.model)
     run = Run(model, body.prompt, body.sampling(), source="openai",
               client_name=request.api_key.name, add_special=raw_add_special(model, body.prompt),
-              cache_key=app_id(request), app=app_id(request),
+              cache_key=conversation_key(request), app=app_id(request),
               cache_partition=cache_partition(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "cmpl", "text_completion")

@@ -10,7 +10,7 @@ import functools
 from django.http import HttpRequest, JsonResponse
 from pydantic.json_schema import models_json_schema
 
-from dashboard.api import ollama_schemas, openai_schemas
+from dashboard.api import embed_schemas, ollama_schemas, openai_schemas
 from dashboard.api.auth import api_endpoint
 
 REF = "#/components/schemas/{model}"
@@ -20,6 +20,10 @@ BODIES = {
     "OllamaChatRequest": ollama_schemas.OllamaChatRequest,
     "OllamaGenerateRequest": ollama_schemas.OllamaGenerateRequest,
     "OllamaModelRequest": ollama_schemas.OllamaModelRequest,
+    "OllamaPullRequest": ollama_schemas.OllamaPullRequest,
+    "OpenAIEmbeddingRequest": embed_schemas.OpenAIEmbeddingRequest,
+    "OllamaEmbedRequest": embed_schemas.OllamaEmbedRequest,
+    "OllamaEmbeddingsRequest": embed_schemas.OllamaEmbeddingsRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -55,6 +59,17 @@ RESPONSES = {
     "OllamaVersion": {"type": "object", "required": ["version"],
                       "properties": {"version": {"type": "string"}}},
     "Status": {"type": "object", "required": ["status"]},
+    "EmbeddingList": {"type": "object", "required": ["object", "data", "model", "usage"],
+                      "properties": {"object": {"const": "list"},
+                                     "data": {"type": "array", "items": _OBJECT},
+                                     "usage": _OBJECT}},
+    "OllamaEmbeddings": {"type": "object", "required": ["model", "embeddings"],
+                         "properties": {"embeddings": {"type": "array", "items": {
+                             "type": "array", "items": {"type": "number"}}},
+                             "prompt_eval_count": {"type": "integer", "minimum": 0}}},
+    "OllamaEmbedding": {"type": "object", "required": ["embedding"],
+                        "properties": {"embedding": {"type": "array",
+                                                     "items": {"type": "number"}}}},
 }  # fmt: skip
 
 _STATUS_TEXT = {
@@ -65,7 +80,9 @@ _STATUS_TEXT = {
     409: "the model is answering a request",
     413: "request body too large",
     429: "rate limit or engine queue full: see Retry-After",
+    502: "the registry could not be reached, or sent something that is not the model",
     503: "the engine is unavailable or the model could not be loaded",
+    507: "the model (with the context asked, Ollama's num_ctx) does not fit in free memory",
 }
 
 
@@ -101,9 +118,9 @@ def _json(name: str) -> dict:
     return {"application/json": {"schema": _ref(name)}}
 
 
-_GENERATION_ERRORS = (400, 401, 404, 413, 429, 503)
+_GENERATION_ERRORS = (400, 401, 404, 413, 429, 503, 507)
 # An empty prompt loads or unloads the model, which needs the manage scope.
-_OLLAMA_GENERATION_ERRORS = (400, 401, 403, 404, 413, 429, 503)
+_OLLAMA_GENERATION_ERRORS = (400, 401, 403, 404, 413, 429, 503, 507)
 
 
 @functools.cache
@@ -129,6 +146,18 @@ def build() -> dict:
         "/v1/completions": {"post": _operation(
             "Text completion of a raw prompt", o, sse, body="CompletionRequest",
             errors=_GENERATION_ERRORS, tag="OpenAI")},
+        "/v1/embeddings": {"post": _operation(
+            "Embeddings (length 1) of strings or token arrays, as float or base64", o,
+            _json("EmbeddingList"), body="OpenAIEmbeddingRequest", errors=_GENERATION_ERRORS,
+            tag="OpenAI")},
+        "/api/embed": {"post": _operation(
+            "Embeddings (length 1) of a string or a list; an empty input loads the model", ol,
+            _json("OllamaEmbeddings"), body="OllamaEmbedRequest",
+            errors=_OLLAMA_GENERATION_ERRORS, tag="Ollama")},
+        "/api/embeddings": {"post": _operation(
+            "One prompt's raw embedding (Ollama's older endpoint)", ol,
+            _json("OllamaEmbedding"), body="OllamaEmbeddingsRequest",
+            errors=_OLLAMA_GENERATION_ERRORS, tag="Ollama")},
         "/api/tags": {"get": _operation("Registered models", ol, _json("OllamaModels"),
                                         tag="Ollama")},
         "/api/ps": {"get": _operation("Loaded models", ol, _json("OllamaModels"), tag="Ollama")},
@@ -147,6 +176,12 @@ def build() -> dict:
         "/api/delete": {"delete": _operation(
             "Delete a model (admin keys only)", ol, _json("Status"), body="OllamaModelRequest",
             errors=(400, 401, 403, 404, 409, 413, 429, 503), tag="Ollama")},
+        "/api/pull": {"post": _operation(
+            "Pull a model by name from a registry (admin keys only), progress streamed as "
+            "NDJSON unless stream: false", ol,
+            {**_json("Status"), "application/x-ndjson": {"schema": {"type": "string"}}},
+            body="OllamaPullRequest", errors=(400, 401, 403, 404, 409, 413, 429, 502),
+            tag="Ollama")},
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},

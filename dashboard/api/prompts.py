@@ -3,17 +3,29 @@
 Tools are handed to the template only when the template reads them, and tool calls are parsed
 out of answers only when the template's format marks them (<tool_call> blocks); with any other
 template a request with tools gets a plain answer.
+
+Thinking (inference.thinking): a template with a thinking mode gets the request's switch, and
+its answers have their <think> block split off, whatever the switch (a model that thinks though
+asked not to still gives a clean answer); asking a model without one to think is a 400 naming
+the field, as Ollama does.
 """
 
 import asyncio
 import json
 from dataclasses import dataclass
 
+from dashboard.api.answers import AnswerParser
 from dashboard.api.errors import ApiError
-from dashboard.api.tools import ToolCallParser, template_marks_tool_calls, template_renders_tools
+from dashboard.api.tools import (
+    ToolCallParser,
+    template_marks_tool_calls,
+    template_renders_tools,
+    tool_constraint,
+)
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
 from inference.prompting import render_executor, render_prompt
+from inference.thinking import Think, ThinkingSplitter, prompt_opens_thinking, thinking_mode
 
 
 @dataclass(slots=True)
@@ -21,9 +33,23 @@ class ChatPrompt:
     text: str
     add_special: bool  # False when the template already wrote the BOS token
     tool_names: set[str] | None  # set: parse <tool_call> blocks naming these tools
+    thinking: bool = False  # split a leading <think> block off the answer
+    opens_thinking: bool = False  # the prompt ends inside that block: the answer starts in it
+    tools: list[dict] | None = None  # the offered tools, where calls are parsed
 
     def tool_parser(self) -> ToolCallParser | None:
         return ToolCallParser(self.tool_names) if self.tool_names else None
+
+    def constrain(self, params: dict, *, parallel: bool = True) -> dict:
+        """The request's sampling params, plus the tool-call grammar where the answer may hold
+        calls and the request sets no grammar of its own (a format constrains it all)."""
+        if not self.tools or "grammar" in params:
+            return params
+        return {**params, **tool_constraint(self.tools, parallel=parallel)}
+
+    def answer_parser(self) -> AnswerParser:
+        splitter = ThinkingSplitter(inside=self.opens_thinking) if self.thinking else None
+        return AnswerParser(splitter, self.tool_parser())
 
 
 def _arguments(value):
@@ -48,20 +74,40 @@ def template_message(message: dict) -> dict:
                           "arguments": _arguments(c["function"].get("arguments", {}))}}
             for c in message["tool_calls"]
         ]  # fmt: skip
-    renames = (("name", "name"), ("tool_name", "name"), ("tool_call_id", "tool_call_id"))
+    # Ollama's `thinking` and OpenAI's `reasoning_content` are what Qwen3-style templates read
+    # as `reasoning_content` (to keep or drop the thinking of earlier turns).
+    renames = (("name", "name"), ("tool_name", "name"), ("tool_call_id", "tool_call_id"),
+               ("thinking", "reasoning_content"),
+               ("reasoning_content", "reasoning_content"))  # fmt: skip
     for source, target in renames:
         if message.get(source):
             out[target] = message[source]
     return out
 
 
-def _render(model: LLMModel, messages: list[dict], tools: list[dict] | None) -> ChatPrompt:
+def check_think(model: LLMModel, think: Think, param: str = "think") -> None:
+    """Asking a model without a thinking mode to think is a 400; false is fine for any model
+    (Home Assistant sends think: false with every request)."""
+    if think not in (None, False) and not thinking_mode(model.effective_chat_template):
+        raise ApiError(400, f'"{model.name}" does not support thinking: its chat template has '
+                       "no thinking mode", param=param, code="unsupported_value")  # fmt: skip
+
+
+def _render(
+    model: LLMModel,
+    messages: list[dict],
+    tools: list[dict] | None,
+    think: Think = None,
+    think_param: str = "think",
+) -> ChatPrompt:
     template = model.effective_chat_template
+    check_think(model, think, think_param)
     use_tools = bool(tools) and template_renders_tools(template)
     try:
         text = render_prompt(
-            model, [template_message(m) for m in messages], tools=tools if use_tools else None
-        )
+            model, [template_message(m) for m in messages], tools=tools if use_tools else None,
+            think=think,
+        )  # fmt: skip
     except ChatTemplateError as exc:
         raise ApiError(400, f"the model's chat template refused this conversation: {exc}",
                        param="messages", code="chat_template_error") from None  # fmt: skip
@@ -69,16 +115,36 @@ def _render(model: LLMModel, messages: list[dict], tools: list[dict] | None) -> 
     names = None
     if use_tools and template_marks_tool_calls(template):
         names = {t["function"]["name"] for t in tools}
-    return ChatPrompt(text, not (bos and text.startswith(bos)), names)
+    thinks = thinking_mode(template)
+    return ChatPrompt(text, not (bos and text.startswith(bos)), names, thinks,
+                      thinks and prompt_opens_thinking(text),
+                      tools if names else None)  # fmt: skip
 
 
 async def chat_prompt(
-    model: LLMModel, messages: list[dict], tools: list[dict] | None
+    model: LLMModel,
+    messages: list[dict],
+    tools: list[dict] | None,
+    *,
+    think: Think = None,
+    think_param: str = "think",
 ) -> ChatPrompt:
+    """The prompt for a conversation; `think_param` names the request's switch in a 400."""
     # A template may take up to ~5 s (it runs in a limited render process): off the event loop,
     # in the renderer's own threads so that a slow template leaves the default pool free.
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(render_executor(), _render, model, messages, tools)
+    return await loop.run_in_executor(
+        render_executor(), _render, model, messages, tools, think, think_param
+    )
+
+
+def raw_prompt(model: LLMModel, prompt: str, think: Think = None) -> ChatPrompt:
+    """A prompt sent as is (Ollama's raw: true): its answer is split only when asked to think,
+    starting inside the block when the prompt opened one."""
+    check_think(model, think)
+    thinks = think not in (None, False)
+    return ChatPrompt(prompt, raw_add_special(model, prompt), None, thinks,
+                      thinks and prompt_opens_thinking(prompt))  # fmt: skip
 
 
 def raw_add_special(model: LLMModel, prompt: str) -> bool:

@@ -46,7 +46,10 @@ class Run:
         cache_key: str | None = None,
         cache_partition: str | None = None,
         app: str | None = None,
+        min_ctx: int = 0,
     ):
+        """`min_ctx`: the context per sequence the request needs (Ollama's num_ctx, clamped by
+        inference.registry.context_asked); a model loaded with less is reloaded."""
         self.model = model
         # The clock starts when the request reached the application (appliance.gate's stamp),
         # not now, after parsing, authentication and prompt rendering.
@@ -59,7 +62,7 @@ class Run:
         )  # fmt: skip
         self.source = source
         self.client_name = client_name
-        self._stream = get_client().stream(self.generation, spec_for(model))
+        self._stream = get_client().stream(self.generation, spec_for(model, min_ctx=min_ctx))
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
@@ -86,6 +89,10 @@ class Run:
             self._held_by = app
         try:
             event = await anext(self._stream, None)
+            # A model load announced before the submit's answer: the answer (a refusal after
+            # the load, too) is what decides the HTTP status.
+            while event is not None and event["type"] == "phase" and event["phase"] == "loading":
+                event = await anext(self._stream, None)
         except BaseException:
             await self.close()
             raise

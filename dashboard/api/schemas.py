@@ -3,8 +3,9 @@ the parsing that turns a body into a model or a 400 naming the field.
 
 Nothing reaches the engine unchecked: a negative, absurd or mistyped value is a 400 that names
 the field. Models are strict (no "0.7" for a number, no true for 1) and ignore unknown fields,
-as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (JSON
-mode, logprobs, images, several choices) is refused rather than silently ignored. The bodies
+as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (logprobs,
+images, several choices, a JSON schema keyword its grammar cannot enforce) is refused rather than
+silently ignored. The bodies
 themselves are in openai_schemas and ollama_schemas.
 """
 
@@ -16,14 +17,20 @@ from django.http.request import RequestDataTooBig
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from dashboard.api.errors import ApiError
-from inference.engine.params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, MAX_TOKENS_LIMIT, SEED_LIMIT
+from dashboard.api.structured import check_schema
+from inference.engine.params import (
+    MAX_GRAMMAR_CHARS,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    MAX_TOKENS_LIMIT,
+    SEED_LIMIT,
+)
 
 MAX_MESSAGES = 500
 MAX_CONTENT_CHARS = 256_000  # one message
 MAX_PROMPT_CHARS = 1_000_000  # a whole conversation: more than any context we load holds
 MAX_TOOLS = 64
 MAX_NAME_CHARS = 200
-NO_GRAMMAR = "is not supported by this engine: it has no grammar-constrained sampling"
 
 
 class Strict(BaseModel):
@@ -76,6 +83,18 @@ TopK = Annotated[int, Field(ge=0, le=100_000)]
 RepeatPenalty = Annotated[float, Field(ge=0.0, le=5.0)]
 RepeatLastN = Annotated[int, Field(ge=-1, le=1 << 16)]
 PromptText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+# Structured output (dashboard.api.structured): a JSON schema the grammar can enforce, checked
+# (and converted once) while the body is validated; a raw GBNF grammar as llama-server takes it,
+# whose parse llama.cpp checks at submit.
+JsonSchema = Annotated[dict[str, Any], AfterValidator(check_schema)]
+GrammarText = Annotated[str, Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+
+
+def one_grammar(grammar: str | None, structured: object, other: str) -> str | None:
+    """A raw grammar, refused beside a structured-output field (both would constrain)."""
+    if grammar is not None and structured is not None:
+        raise ValueError(f"send either grammar or {other}, not both")
+    return grammar
 
 
 class TextPart(Strict):

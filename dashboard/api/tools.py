@@ -6,12 +6,21 @@ possible start of a block ("<tool_", "<tool_call") is held back until it is know
 everything from the first block on is kept and parsed when the answer ends. A block that does
 not parse, or names a tool the request did not offer, is returned as plain text: nothing the
 model wrote is lost, and nothing is made up.
+
+`tool_constraint` goes further where the model allows: a lazy grammar (inference.engine.params)
+that, once the model writes <tool_call>, holds the call to an offered tool's name and its
+arguments to that tool's parameter schema. llama.cpp can start it only where <tool_call> is one
+token of the model's vocabulary (Qwen, Hermes); elsewhere the answer stays free and the parser
+above is all there is.
 """
 
+import functools
 import json
 import re
 import uuid
 from dataclasses import dataclass
+
+from dashboard.api.structured import UnsupportedSchema, tool_call_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -32,6 +41,23 @@ class ToolCall:
 
     def ollama(self) -> dict:
         return {"function": {"name": self.name, "arguments": self.arguments}}
+
+
+def tool_constraint(tools: list[dict], *, parallel: bool = True) -> dict:
+    """Sampling params that hold tool calls to the offered tools (one call unless `parallel`),
+    from the moment the model opens one; {} when no grammar can be made for them."""
+    calls = [(t["function"]["name"], t["function"].get("parameters")) for t in tools]
+    grammar = _tool_grammar(json.dumps(calls, sort_keys=True), parallel)
+    return {"grammar": grammar, "grammar_triggers": (OPEN,)} if grammar else {}
+
+
+@functools.lru_cache(maxsize=32)
+def _tool_grammar(calls: str, parallel: bool) -> str | None:
+    """(Cached: an app such as Home Assistant offers the same tools with every request.)"""
+    try:
+        return tool_call_grammar(json.loads(calls), OPEN, CLOSE, parallel=parallel)
+    except UnsupportedSchema:  # e.g. too large a grammar: the calls are parsed as before
+        return None
 
 
 def template_renders_tools(template: str) -> bool:

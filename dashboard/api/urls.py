@@ -3,7 +3,15 @@ page that manages its keys."""
 
 from django.urls import path, re_path
 
-from dashboard.api import keys_views, metrics, ollama_views, openai_views, openapi
+from dashboard.api import (
+    embed_views,
+    keys_views,
+    metrics,
+    ollama_views,
+    openai_views,
+    openapi,
+    pull_views,
+)
 from dashboard.api.errors import unknown_endpoint
 
 urlpatterns = [
@@ -12,6 +20,7 @@ urlpatterns = [
     path("v1/models/<path:model_id>", openai_views.retrieve_model, name="openai_model"),
     path("v1/chat/completions", openai_views.chat_completions, name="openai_chat"),
     path("v1/completions", openai_views.completions, name="openai_completions"),
+    path("v1/embeddings", embed_views.openai_embeddings, name="openai_embeddings"),
     # Ollama
     path("api/version", ollama_views.api_version, name="ollama_version"),
     path("api/tags", ollama_views.tags, name="ollama_tags"),
@@ -20,6 +29,9 @@ urlpatterns = [
     path("api/chat", ollama_views.chat, name="ollama_chat"),
     path("api/generate", ollama_views.generate, name="ollama_generate"),
     path("api/delete", ollama_views.delete_model, name="ollama_delete"),
+    path("api/pull", pull_views.pull, name="ollama_pull"),
+    path("api/embed", embed_views.ollama_embed, name="ollama_embed"),
+    path("api/embeddings", embed_views.ollama_embeddings, name="ollama_embeddings"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

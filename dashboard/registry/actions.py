@@ -20,15 +20,17 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dashboard.registry import lifecycle
-from dashboard.registry.forms import DownloadForm, UploadForm
+from dashboard.registry import lifecycle, views
+from dashboard.registry.display import flash_text
+from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.registry.uploads import ModelsDirUploadHandler
 from dashboard.registry.views import job_json, wants_json
 from dashboard.web.security import content_security_policy
-from inference import tasks
+from inference import plain, tasks
 from inference.dispatch import dispatch
 from inference.gguf import GGUFError
 from inference.importing import (
+    AlreadyRegistered,
     ImportRefused,
     inside_models_dir,
     install_file,
@@ -38,7 +40,7 @@ from inference.importing import (
     scan_report,
     set_default,
 )
-from inference.jobs import cancel_job
+from inference.jobs import cancel_job, dismiss_job
 from inference.models import Job, LLMModel
 
 log = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ def scan(request: HttpRequest) -> HttpResponse:
     else:
         messages.info(request, "No new models in the models directory.")
     for path, reason in skipped:
-        messages.warning(request, f"Skipped {os.path.basename(path)}: {reason}")
+        messages.warning(request, flash_text(f"Skipped {os.path.basename(path)}: {reason}"))
     return redirect("models")
 
 
@@ -114,7 +116,18 @@ def _upload(request: HttpRequest) -> HttpResponse:
             source=LLMModel.Source.UPLOAD, name=form.cleaned_data["name"] or None,
         )  # fmt: skip
     except GGUFError as exc:
-        return _upload_refused(request, f"{uploaded.name} is not a usable GGUF file: {exc}", 400)
+        said = plain.explain(exc)
+        return _upload_refused(
+            request, f"{uploaded.name} is not a usable GGUF file: {said.sentence}", 400,
+            detail=said.detail,
+        )  # fmt: skip
+    except AlreadyRegistered as exc:  # one entry per file: point at the one that holds it
+        url = reverse("model-detail", args=[exc.model.name])
+        if wants_json(request):
+            return JsonResponse({"error": f"{uploaded.name}: {exc}", "existing": exc.model.name,
+                                 "existing_url": url}, status=409)  # fmt: skip
+        messages.info(request, f"{uploaded.name} was not added: {exc}. Here it is.")
+        return redirect(url)
     except ImportRefused as exc:
         return _upload_refused(request, str(exc), 400)
     job = tasks.schedule_hash(model)
@@ -125,10 +138,11 @@ def _upload(request: HttpRequest) -> HttpResponse:
     return redirect(url)
 
 
-def _upload_refused(request: HttpRequest, message: str, status: int) -> HttpResponse:
+def _upload_refused(request: HttpRequest, message: str, status: int,
+                    detail: str = "") -> HttpResponse:  # fmt: skip
     if wants_json(request):
-        return JsonResponse({"error": message}, status=status)
-    messages.error(request, f"Upload refused: {message}")
+        return JsonResponse({"error": message, "detail": detail}, status=status)
+    messages.error(request, flash_text(f"Upload refused: {message}\n{detail}".strip()))
     return redirect("models")
 
 
@@ -171,6 +185,39 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @staff_required
 @require_POST
+def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """Run a failed or cancelled job again: the same row, the same source."""
+    job = get_object_or_404(Job, pk=pk)
+    retried = tasks.retry(job)
+    if wants_json(request):
+        job.refresh_from_db()
+        return JsonResponse(job_json(job), status=202 if retried else 409)
+    if retried:
+        messages.info(request, f"Job {job.id} ({job.kind}) started again: progress below.")
+    else:
+        messages.warning(request, f"Job {job.id} cannot be retried: it has not failed, or a "
+                                  f"{job.kind} job cannot run again.")  # fmt: skip
+    return redirect("models")
+
+
+@login_required
+@staff_required
+@require_POST
+def job_dismiss(request: HttpRequest, pk: int) -> HttpResponse:
+    """Hide an ended job from the list (its row stays, for the record)."""
+    job = get_object_or_404(Job, pk=pk)
+    dismissed = dismiss_job(job)
+    if wants_json(request):
+        return JsonResponse({"id": job.id, "dismissed": dismissed}, status=200 if dismissed
+                            else 409)  # fmt: skip
+    if not dismissed:
+        messages.warning(request, f"Job {job.id} is still running: cancel it first.")
+    return redirect("models")
+
+
+@login_required
+@staff_required
+@require_POST
 def make_default(request: HttpRequest, name: str) -> HttpResponse:
     model = get_object_or_404(LLMModel, name=name)
     set_default(model)
@@ -194,11 +241,71 @@ async def load(request: HttpRequest, name: str) -> HttpResponse:
         row = await lifecycle.load(model)
     except Exception as exc:  # noqa: BLE001 - every refusal is shown: GGUFError, memory, busy
         log.info("load of %s refused: %s", model.name, exc)
-        messages.error(request, f"{model.name} was not loaded: {exc}")
+        messages.error(request, flash_text(plain.message(exc, f"{model.name} was not loaded: ")))
     else:
         took = f" in {row['load_seconds']:.1f} s" if row and row.get("load_seconds") else ""
         messages.success(request, f"{model.name} is loaded{took}.")
     return redirect("model-detail", name=model.name)
+
+
+@login_required
+@staff_required
+@require_POST
+async def apply(request: HttpRequest, name: str) -> HttpResponse:
+    """Save and reload: save the settings form, then, when a load-time setting changed and the
+    model is loaded, reload it with them in the same click (refused, settings kept, while it
+    answers: the page then offers to reload when its answers end)."""
+    model = await _model_or_404(name)
+    saved = await sync_to_async(_save_settings)(request, model)
+    if isinstance(saved, HttpResponse):
+        return saved  # the page with the form's errors
+    model, changed = saved
+    if not changed:
+        messages.success(request, f"Settings of {model.name} saved; they apply to its next "
+                                  "answer (nothing needed a reload).")  # fmt: skip
+        return redirect("model-detail", name=model.name)
+    await _reload(request, model, wait_s=0.0, saved=True)
+    return redirect("model-detail", name=model.name)
+
+
+def _save_settings(request: HttpRequest, model: LLMModel):
+    """(model, load-time settings changed?) once saved, or the page with the form's errors."""
+    form = ModelSettingsForm(request.POST, instance=model)
+    if not form.is_valid():
+        model.refresh_from_db()
+        return views.detail_page(request, model, form, status=400)
+    return views.save_settings(form), bool(form.load_fields_changed)
+
+
+@login_required
+@staff_required
+@require_POST
+async def reload(request: HttpRequest, name: str) -> HttpResponse:
+    """Reload now (or, with wait=1, once its answers have ended) to apply saved settings."""
+    model = await _model_or_404(name)
+    wait = lifecycle.RELOAD_WAIT_S if request.POST.get("wait") == "1" else 0.0
+    await _reload(request, model, wait_s=wait, saved=False)
+    return redirect("model-detail", name=model.name)
+
+
+async def _reload(request: HttpRequest, model: LLMModel, *, wait_s: float, saved: bool) -> None:
+    first = f"Settings of {model.name} saved" if saved else model.name
+    try:
+        row = await lifecycle.reload(model, wait_s=wait_s)
+    except lifecycle.Refused as exc:
+        waited = f" within {wait_s:.0f} s" if wait_s else ""
+        messages.warning(request, f"{first}; {exc}{waited}. Use “Reload when its answers end”, "
+                                  "or reload it later: they apply at its next load.")  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the new settings may not fit, or the file broke
+        log.info("reload of %s refused: %s", model.name, exc)
+        messages.error(request, flash_text(plain.message(
+            exc, f"{first}; it was unloaded, but loading it again was refused: ")))  # fmt: skip
+    else:
+        if row is None:
+            messages.success(request, f"{first}; it is not loaded, so they apply when it loads.")
+        else:
+            took = f" in {row['load_seconds']:.1f} s" if row.get("load_seconds") else ""
+            messages.success(request, f"{first} and applied: reloaded{took}.")
 
 
 @login_required

@@ -1,4 +1,8 @@
-"""Numbers as the registry pages show them (the templates only place them)."""
+"""Numbers and messages as the registry pages show them (the templates only place them)."""
+
+from django.utils.html import format_html
+
+from inference.plain import split
 
 
 def params_label(count: int | None) -> str:
@@ -34,3 +38,15 @@ def seconds_label(seconds: float | None) -> str:
     if seconds >= 60:
         return f"{seconds // 60}m {seconds % 60}s"
     return f"{seconds}s"
+
+
+def flash_text(text: str) -> str:
+    """A stored message (inference.plain's form) as a flash: the sentence for people, the
+    technical detail folded under it. Escaped here; safe for the template as a whole."""
+    said = split(text)
+    if not said.detail:
+        return said.sentence
+    return format_html(
+        '{} <details class="detail"><summary>details</summary><code>{}</code></details>',
+        said.sentence, said.detail,
+    )  # fmt: skip

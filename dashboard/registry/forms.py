@@ -1,16 +1,23 @@
 """The registry's forms: a model's settings (bounded, each error naming its field), an upload,
 and a LAN download."""
 
-import json
-
 from django import forms
 
 from inference.downloads import validate_url
-from inference.engine.params import InvalidParams, SamplingParams
+from inference.engine.params import (
+    _FLOAT_BOUNDS,  # the engine's own bound tables: the form refuses what the API refuses
+    _INT_BOUNDS,
+    MAX_STOP_LENGTH,
+    MAX_STOP_STRINGS,
+    InvalidParams,
+    SamplingParams,
+)
 from inference.gguf import ChatTemplateError
 from inference.gguf.render_pool import render_chat_isolated
 from inference.importing import ImportRefused, check_name
 from inference.models import LLMModel
+from inference.pulling.names import MAX_NAME_CHARS, InvalidName
+from inference.pulling.names import parse as parse_pull_name
 from inference.registry import parse_keep_alive
 
 MAX_CONTEXT = 131072  # when the file does not state its context length
@@ -39,16 +46,12 @@ class ModelSettingsForm(forms.ModelForm):
         min_value=1, max_value=16, label="Parallel sequences",
         help_text="sequences decoded together, each with a context of n_ctx tokens",
     )  # fmt: skip
-    default_params = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 3}), label="Default sampling",
-        help_text='sampling defaults as JSON, e.g. {"temperature": 0.7, "top_p": 0.9}',
-    )  # fmt: skip
 
     class Meta:
         model = LLMModel
         fields = [
             "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-            "parallel", "keep_alive", "system_prompt", "default_params", "chat_template_override",
+            "parallel", "keep_alive", "system_prompt", "chat_template_override",
         ]  # fmt: skip
         labels = {
             "kv_type": "KV cache type", "flash_attn": "Flash attention",
@@ -63,11 +66,18 @@ class ModelSettingsForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         top = self.instance.context_length or MAX_CONTEXT
         self.fields["n_ctx"] = forms.IntegerField(
-            min_value=min(256, top), max_value=top, label="Context per sequence (n_ctx)",
-            help_text=f"context tokens per sequence (the model was trained for {top})",
+            min_value=0, max_value=top, label="Context per sequence (n_ctx)",
+            help_text=f"context tokens per sequence (the model was trained for {top}); 0: "
+            "automatic, the training context or what fits in memory",
         )  # fmt: skip
-        if not self.is_bound:
-            self.initial["default_params"] = json.dumps(self.instance.default_params or {})
+        add_sampling_fields(self)
+
+    def clean_n_ctx(self) -> int:
+        value = self.cleaned_data["n_ctx"]
+        floor = min(256, self.instance.context_length or MAX_CONTEXT)
+        if 0 < value < floor:
+            raise forms.ValidationError(f"must be 0 (automatic) or at least {floor}")
+        return value
 
     def clean_keep_alive(self) -> str:
         value = self.cleaned_data["keep_alive"].strip()
@@ -76,25 +86,6 @@ class ModelSettingsForm(forms.ModelForm):
         except ValueError as exc:
             raise forms.ValidationError(str(exc)) from None
         return value
-
-    def clean_default_params(self) -> dict:
-        raw = (self.cleaned_data["default_params"] or "").strip()
-        if not raw:
-            return {}
-        try:
-            params = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
-        if not isinstance(params, dict):
-            raise forms.ValidationError('must be a JSON object, e.g. {"temperature": 0.7}')
-        unknown = sorted(set(params) - set(SamplingParams.__dataclass_fields__))
-        if unknown:
-            raise forms.ValidationError(f"unknown sampling parameter: {', '.join(unknown)}")
-        try:
-            SamplingParams(**params)
-        except InvalidParams as exc:
-            raise forms.ValidationError(str(exc)) from None  # "temperature: must be between …"
-        return params
 
     def clean_chat_template_override(self) -> str:
         template = self.cleaned_data["chat_template_override"]
@@ -124,7 +115,97 @@ class ModelSettingsForm(forms.ModelForm):
         # llama.cpp only quantises the V cache with flash attention; it would fail at load.
         if data.get("kv_type", "f16") != "f16" and not data.get("flash_attn"):
             self.add_error("kv_type", "a quantised KV cache needs flash attention on")
+        self.sampling = clean_sampling(self, data)
         return data
+
+    def save(self, commit: bool = True) -> LLMModel:
+        self.instance.default_params = self.sampling
+        return super().save(commit)
+
+    @property
+    def load_fields_changed(self) -> list[str]:
+        """The changed settings that take effect only when the model loads again."""
+        return [name for name in self.changed_data if name in LOAD_FIELDS]
+
+    def sampling_fields(self) -> list:
+        return [self[name] for name in self.fields if name.startswith(SAMPLING_PREFIX)]
+
+    def other_fields(self) -> list:
+        return [self[name] for name in self.fields if not name.startswith(SAMPLING_PREFIX)]
+
+
+# The settings llama.cpp reads when it creates the model's context: changing one means a reload.
+LOAD_FIELDS = frozenset({
+    "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
+    "parallel",
+})  # fmt: skip
+
+# Default sampling, one small field per parameter, each empty for "the engine's default" (shown
+# as the placeholder). Bounds come from inference.engine.params. Parameters set over the API or
+# by hand that have no field here (seed, penalties) are kept as they are.
+SAMPLING_PREFIX = "sampling_"
+SAMPLING_FIELDS = {
+    "temperature": ("Temperature", "0: always the likeliest word; higher: more varied"),
+    "top_p": ("Top-p", "keep the likeliest words that add up to this share; 1: off"),
+    "top_k": ("Top-k", "choose among this many likeliest words; 0: off"),
+    "min_p": ("Min-p", "drop words less likely than this share of the likeliest; 0: off"),
+    "repeat_penalty": ("Repeat penalty", "above 1 discourages repeating words; 1: off"),
+    "max_tokens": ("Answer length (max_tokens)", "the most tokens one answer may have"),
+}
+ENGINE_DEFAULTS = SamplingParams()
+
+
+def add_sampling_fields(form: forms.ModelForm) -> None:
+    saved = form.instance.default_params if isinstance(form.instance.default_params, dict) else {}
+    for name, (label, help_text) in SAMPLING_FIELDS.items():
+        if name in _FLOAT_BOUNDS:
+            low, high = _FLOAT_BOUNDS[name]
+            field = forms.FloatField(
+                min_value=low, max_value=high, required=False, label=label,
+                widget=forms.NumberInput(attrs={"step": "0.01", "inputmode": "decimal"}),
+            )  # fmt: skip
+        else:
+            low, high = _INT_BOUNDS[name]
+            field = forms.IntegerField(min_value=low, max_value=high, required=False, label=label)
+        field.help_text = f"{help_text} ({low} to {high}; empty: {getattr(ENGINE_DEFAULTS, name)})"
+        field.widget.attrs["placeholder"] = str(getattr(ENGINE_DEFAULTS, name))
+        form.fields[SAMPLING_PREFIX + name] = field
+        if not form.is_bound and name in saved:
+            form.initial[SAMPLING_PREFIX + name] = saved[name]
+    form.fields[SAMPLING_PREFIX + "stop"] = forms.CharField(
+        required=False, label="Stop strings", strip=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text=f"one per line: the answer ends before any of them (at most {MAX_STOP_STRINGS},"
+        f" each up to {MAX_STOP_LENGTH} characters)",
+    )  # fmt: skip
+    if not form.is_bound:
+        stop = saved.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        form.initial[SAMPLING_PREFIX + "stop"] = "\n".join(stop)
+
+
+def clean_sampling(form: forms.ModelForm, data: dict) -> dict:
+    """The model's default_params from the fields: the ones filled in, over what was saved
+    (parameters without a field stay), checked whole by SamplingParams itself."""
+    saved = form.instance.default_params if isinstance(form.instance.default_params, dict) else {}
+    params = {key: value for key, value in saved.items()
+              if key not in SAMPLING_FIELDS and key != "stop"}  # fmt: skip
+    for name in SAMPLING_FIELDS:
+        value = data.get(SAMPLING_PREFIX + name)
+        if value is not None:
+            params[name] = value
+    lines = (data.get(SAMPLING_PREFIX + "stop") or "").replace("\r\n", "\n").split("\n")
+    stop = [line for line in lines if line.strip()]
+    if stop:
+        params["stop"] = stop
+    try:
+        SamplingParams(**params)
+    except InvalidParams as exc:  # "temperature: must be between …", named to its field
+        field = SAMPLING_PREFIX + exc.field
+        form.add_error(field if field in form.fields else None, str(exc).split(": ", 1)[-1])
+    except TypeError as exc:  # a saved key SamplingParams does not know
+        form.add_error(None, f"the saved sampling defaults hold an unknown parameter: {exc}")
+    return params
 
 
 class UploadForm(forms.Form):
@@ -148,6 +229,22 @@ class DownloadForm(forms.Form):
         try:
             return validate_url(self.cleaned_data["url"])
         except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class PullForm(forms.Form):
+    """A model name to pull, as /api/pull takes it (inference.pulling.names)."""
+
+    name = forms.CharField(
+        max_length=MAX_NAME_CHARS,
+        label="Name",
+        widget=forms.TextInput(attrs={"placeholder": "llama3.2:1b or hf.co/user/repo:Q4_K_M"}),
+    )
+
+    def clean_name(self) -> str:
+        try:
+            return parse_pull_name(self.cleaned_data["name"]).display
+        except InvalidName as exc:
             raise forms.ValidationError(str(exc)) from None
 
 

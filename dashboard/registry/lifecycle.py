@@ -6,6 +6,7 @@ snapshot before and after, is what the load actually took (LLMModel.measured_byt
 to the estimate.
 """
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from dashboard.web.panels import RunnerPanel, runner_panel
+from inference import plain
 from inference.gguf import GGUFError
 from inference.importing import unregister
 from inference.memory import AvailableMemory, InsufficientMemory, MemoryEstimate, check_fits
@@ -24,6 +26,11 @@ from inference.serving.client import get_client
 
 class Refused(Exception):
     """An action the page cannot do now; the message says why."""
+
+
+# "Reload when its answers end": how long the page's request waits, and how often it looks.
+RELOAD_WAIT_S = 120.0
+RELOAD_POLL_S = 0.25
 
 
 # 1. Readings from the snapshots.
@@ -114,7 +121,7 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     try:
         info = gguf_info(model.file_path)
     except GGUFError as exc:
-        return None, str(exc)
+        return None, plain.message(exc)  # its sentence, then the reader's detail
     found = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
@@ -160,6 +167,32 @@ async def load(model: LLMModel) -> dict | None:
             updates["measured_bytes"] = taken if taken > 0 else None
     await LLMModel.objects.filter(pk=model.pk).aupdate(**updates)
     return row
+
+
+async def reload(model: LLMModel, wait_s: float = 0.0) -> dict | None:
+    """Apply saved load-time settings to a loaded model: unload it once its answers have ended
+    (waiting up to `wait_s`), then load it again from its saved record. Returns the loaded row,
+    or None when it was not loaded (its next load uses the settings anyway). Refused when it
+    is still answering after `wait_s`: it is never cut off mid-answer."""
+    client = get_client()
+    deadline = time.monotonic() + wait_s
+    while True:
+        row = loaded_rows(await sync_to_async(client.snapshots)()).get(model.name)
+        if row is None:
+            return None
+        if not row.get("busy"):
+            try:
+                await client.unload(model.name)
+                break
+            except Exception as exc:  # noqa: BLE001 - an answer started meanwhile, or a refusal
+                still = loaded_rows(await sync_to_async(client.snapshots)()).get(model.name)
+                if not (still and still.get("busy")):
+                    raise Refused(f"{model.name} could not be unloaded: {exc}") from exc
+        if time.monotonic() >= deadline:
+            raise Refused(f"{model.name} is answering a request, so it was not reloaded")
+        await asyncio.sleep(RELOAD_POLL_S)
+    fresh = await LLMModel.objects.aget(pk=model.pk)
+    return await load(fresh)
 
 
 async def unload(model: LLMModel) -> bool:

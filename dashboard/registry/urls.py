@@ -3,7 +3,7 @@ keeps a model from being named like one of them."""
 
 from django.urls import path
 
-from dashboard.registry import actions, views
+from dashboard.registry import actions, pulls, views
 
 urlpatterns = [
     path("", views.model_list, name="models"),
@@ -11,11 +11,16 @@ urlpatterns = [
     path("scan/", actions.scan, name="models-scan"),
     path("upload/", actions.upload, name="models-upload"),
     path("download/", actions.download, name="models-download"),
+    path("pull/", pulls.pull, name="models-pull"),
     path("jobs/<int:pk>/", views.job_status, name="model-job"),
     path("jobs/<int:pk>/cancel/", actions.job_cancel, name="model-job-cancel"),
+    path("jobs/<int:pk>/retry/", actions.job_retry, name="model-job-retry"),
+    path("jobs/<int:pk>/dismiss/", actions.job_dismiss, name="model-job-dismiss"),
     path("<slug:name>/", views.model_detail, name="model-detail"),
     path("<slug:name>/load/", actions.load, name="model-load"),
     path("<slug:name>/unload/", actions.unload, name="model-unload"),
+    path("<slug:name>/apply/", actions.apply, name="model-apply"),
+    path("<slug:name>/reload/", actions.reload, name="model-reload"),
     path("<slug:name>/default/", actions.make_default, name="model-default"),
     path("<slug:name>/delete/", actions.delete, name="model-delete"),
 ]

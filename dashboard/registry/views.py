@@ -4,6 +4,7 @@ only staff change (the settings form here, everything else in dashboard.registry
 
 import os
 import shutil
+import time
 from typing import TypedDict
 
 from django.contrib import messages
@@ -12,6 +13,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.registry import lifecycle
@@ -19,9 +21,12 @@ from dashboard.registry.display import bytes_label, params_label, seconds_label
 from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
-from inference.importing import models_dir
+from inference import plain
+from inference.importing import copies, models_dir
 from inference.memory import MemoryEstimate
 from inference.models import Job, LLMModel
+from inference.registry import spec_for
+from inference.tasks import RETRY_TASKS
 
 RECENT_JOBS = 20
 
@@ -36,6 +41,8 @@ def wants_json(request: HttpRequest) -> bool:
 def model_list(request: HttpRequest) -> HttpResponse:
     snaps = lifecycle.snapshots()
     loaded = {name: loaded_view(row) for name, row in lifecycle.loaded_rows(snaps).items()}
+    models = list(LLMModel.objects.all())
+    same = copies(models)
     rows = [{
         "model": m,
         "params": params_label(m.parameter_count),
@@ -43,13 +50,14 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "estimate": bytes_label(m.estimated_bytes) if m.estimated_bytes else "?",
         "loaded": loaded.get(m.name),
         "file_missing": not os.path.isfile(m.file_path),
-    } for m in LLMModel.objects.all()]  # fmt: skip
+        "copies": same.get(m.pk, []),
+    } for m in models]  # fmt: skip
     return render(request, "registry/models.html", {
         "rows": rows,
         "loaded": sorted(loaded.values(), key=lambda r: r["name"]),
         "loading": lifecycle.loading_names(snaps),
         "memory": memory_view(lifecycle.memory(snaps)),
-        "jobs": Job.objects.select_related("model")[:RECENT_JOBS],
+        "jobs": [job_view(job) for job in recent_jobs()],
         "upload_form": UploadForm(),
         "download_form": DownloadForm(),
         "models_dir": models_dir(),
@@ -62,24 +70,39 @@ def model_list(request: HttpRequest) -> HttpResponse:
 @with_csp
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     model = get_object_or_404(LLMModel, name=name)
-    if request.method == "POST":
-        if not request.user.is_staff:
-            raise PermissionDenied
-        form = ModelSettingsForm(request.POST, instance=model)
-        if form.is_valid():
-            model = form.save(commit=False)
-            found, _ = lifecycle.estimate(model)
-            model.estimated_bytes = found.total_bytes if found else None
-            model.save()
-            note = ""
-            if model.name in lifecycle.loaded_rows(lifecycle.snapshots()):
-                note = " They apply at the next load: unload it first."
-            messages.success(request, f"Settings of {model.name} saved.{note}")
-            return redirect("model-detail", name=model.name)
+    if request.method == "GET":
+        return detail_page(request, model, ModelSettingsForm(instance=model))
+    if not request.user.is_staff:
+        raise PermissionDenied
+    form = ModelSettingsForm(request.POST, instance=model)
+    if not form.is_valid():
         model.refresh_from_db()  # the page shows the saved settings next to the form's errors
+        return detail_page(request, model, form, status=400)
+    model = save_settings(form)
+    row = lifecycle.loaded_rows(lifecycle.snapshots()).get(model.name)
+    if row is None:
+        note = "they apply when it loads"
+    elif form.load_fields_changed:
+        note = "it is loaded with the earlier ones: “Reload to apply” below applies them"
     else:
-        form = ModelSettingsForm(instance=model)
+        note = "they apply to its next answer"
+    messages.success(request, f"Settings of {model.name} saved; {note}.")
+    return redirect("model-detail", name=model.name)
 
+
+def save_settings(form: ModelSettingsForm) -> LLMModel:
+    """Save a valid settings form with its estimate, noting when a load-time setting changed."""
+    model = form.save(commit=False)
+    found, _ = lifecycle.estimate(model)
+    model.estimated_bytes = found.total_bytes if found else None
+    if form.load_fields_changed:
+        model.load_settings_changed_at = timezone.now()
+    model.save()
+    return model
+
+
+def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
+                status: int = 200) -> HttpResponse:  # fmt: skip
     snaps = lifecycle.snapshots()
     found, why_not = lifecycle.estimate(model)
     memory = lifecycle.memory(snaps)
@@ -93,27 +116,63 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
         # The job may have finished since the model was read (it saves the hash, then ends):
         # read the hash again rather than show "not computed" with nothing polling.
         model.refresh_from_db(fields=["sha256"])
+    same = copies(list(LLMModel.objects.filter(sha256=model.sha256))) if model.sha256 else {}
     return render(request, "registry/detail.html", {
         "model": model,
         "form": form,
         "facts": facts(model),
-        "estimate": estimate_view(found, memory),
-        "estimate_error": why_not,
+        "estimate": estimate_view(found, memory, model),
+        "estimate_error": plain.split(why_not),
         "verdict": "" if loaded else lifecycle.fit_verdict(found, memory),
-        "measured": bytes_label(model.measured_bytes) if model.measured_bytes else "",
+        "measured": measured_label(model),
         "memory": memory_view(memory),
         "loaded": loaded_view(loaded) if loaded else None,
+        "idle_line": idle_line(model),
+        "stale_settings": bool(loaded) and settings_are_newer(model, loaded),
         "loading": lifecycle.loading_names(snaps),
         "runners": runners,
         "hash_job": hash_job,
         "file_missing": not os.path.isfile(model.file_path),
+        "copies": same.get(model.pk, []),
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
-    }, status=400 if form.errors else 200)  # fmt: skip
+    }, status=status)  # fmt: skip
+
+
+def settings_are_newer(model: LLMModel, row: dict) -> bool:
+    """A load-time setting changed after the loaded engine was loaded: it runs older ones."""
+    changed = model.load_settings_changed_at
+    return changed is not None and changed.timestamp() > float(row.get("loaded_at") or 0)
+
+
+def measured_label(model: LLMModel) -> str:
+    """What the last load from the Load button took (loads for a request are not measured)."""
+    if not model.measured_bytes:
+        return "not measured yet: a load with the Load button measures it"
+    took = f" in {model.last_load_seconds:.2f} s" if model.last_load_seconds else ""
+    return f"{bytes_label(model.measured_bytes)}{took}"
+
+
+def idle_line(model: LLMModel) -> str:
+    """The load-state line of a model that is not loaded."""
+    return "Not loaded: it loads on its first request, or now with Load."
 
 
 def loaded_view(row: dict) -> dict:
+    """A loaded row worded: the one source of a model's load state on both pages and in their
+    live refresh (the inference client's snapshot; the database says nothing about it)."""
     expires = "busy" if row.get("busy") else seconds_label(row.get("expires_in"))
-    return {**row, "size_label": bytes_label(row.get("size_bytes")), "expires_label": expires}
+    size = bytes_label(row.get("size_bytes"))
+    ago = seconds_label(time.time() - float(row.get("loaded_at") or time.time()))
+    ctx = row.get("ctx_per_seq")
+    worker = row.get("worker") or ""
+    # In split mode the worker that holds it matters; embedded, it is this box.
+    where = f" on {worker}" if worker and worker != "embedded" else ""
+    parts = [f"Loaded{where} {ago} ago"]
+    if row.get("load_seconds"):
+        parts[0] += f" (the load took {row['load_seconds']:.1f} s)"
+    parts.append(f"{size} mapped" + (f", {ctx} tokens per sequence" if ctx else ""))
+    parts.append("answering now" if row.get("busy") else f"unloads in {expires} if idle")
+    return {**row, "size_label": size, "expires_label": expires, "summary": "; ".join(parts) + "."}
 
 
 class RunnerView(TypedDict):
@@ -184,10 +243,12 @@ def memory_view(memory: lifecycle.Memory | None) -> dict | None:
     }  # fmt: skip
 
 
-def estimate_view(found: MemoryEstimate | None, memory: lifecycle.Memory | None) -> dict | None:
+def estimate_view(found: MemoryEstimate | None, memory: lifecycle.Memory | None,
+                  model: LLMModel) -> dict | None:  # fmt: skip
     if found is None:
         return None
     return {
+        "kv_line": kv_line(found, model),
         "weights": bytes_label(found.weights_bytes),
         "kv_cache": bytes_label(found.kv_cache_bytes),
         "compute": bytes_label(found.compute_bytes),
@@ -200,6 +261,19 @@ def estimate_view(found: MemoryEstimate | None, memory: lifecycle.Memory | None)
         "kv_type": found.kv_type,
         "uses_gpu": bool(memory and memory.gpu_free is not None and found.gpu_layers),
     }
+
+
+def kv_line(found: MemoryEstimate, model: LLMModel) -> str:
+    """Where the KV cache's size comes from: every sequence slot, the running ones and the
+    prefix cache's, holds a context of its own (inference.memory)."""
+    config = spec_for(model).config
+    running, cached = config.parallel, config.cache_slots
+    slots = running + cached
+    per_seq = found.n_ctx_total // slots if slots else found.n_ctx_total
+    return (
+        f"{per_seq} tokens per sequence × {slots} sequences ({running} answering at once + "
+        f"{cached} kept for cached conversations) = {found.n_ctx_total} tokens, {found.kv_type}"
+    )
 
 
 def facts(model: LLMModel) -> list[tuple[str, str]]:
@@ -235,7 +309,8 @@ def status(request: HttpRequest) -> JsonResponse:
     memory = lifecycle.memory(snaps)
     return JsonResponse({
         "loading": lifecycle.loading_names(snaps),
-        "loaded": sorted(lifecycle.loaded_rows(snaps).values(), key=lambda r: r["name"]),
+        "loaded": sorted((loaded_view(r) for r in lifecycle.loaded_rows(snaps).values()),
+                         key=lambda r: r["name"]),  # fmt: skip
         "runners": {name: [runner_view(r) for r in rows]
                     for name, rows in lifecycle.runner_rows(snaps).items()},
         "memory": None if memory is None else {
@@ -243,7 +318,7 @@ def status(request: HttpRequest) -> JsonResponse:
             "gpu_free": memory.gpu_free, "gpu_total": memory.gpu_total,
             "worker_bytes": memory.worker_bytes,
         },
-        "jobs": [job_json(job) for job in Job.objects.select_related("model")[:RECENT_JOBS]],
+        "jobs": [job_json(job) for job in recent_jobs()],
     })  # fmt: skip
 
 
@@ -253,14 +328,44 @@ def job_status(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(job_json(get_object_or_404(Job.objects.select_related("model"), pk=pk)))
 
 
+def recent_jobs() -> list[Job]:
+    return list(Job.objects.filter(dismissed=False).select_related("model")[:RECENT_JOBS])
+
+
+def job_view(job: Job) -> dict:
+    """A job row as the page shows it: its message's sentence, the detail folded, and what the
+    staff may do with it."""
+    said = plain.split(job.message)
+    return {
+        "job": job,
+        "sentence": said.sentence,
+        "detail": said.detail,
+        "can_cancel": job.state in (Job.State.PENDING, Job.State.RUNNING),
+        "can_retry": retryable(job),
+        "can_dismiss": job.state in (Job.State.DONE, Job.State.FAILED, Job.State.CANCELLED),
+    }
+
+
+def retryable(job: Job) -> bool:
+    """As inference.tasks.retry decides: failed or cancelled, of a kind that runs again."""
+    if job.state not in (Job.State.FAILED, Job.State.CANCELLED) or job.kind not in RETRY_TASKS:
+        return False
+    return job.kind != Job.Kind.HASH or job.model_id is not None
+
+
 def job_json(job: Job) -> dict:
     model = job.model
+    view = job_view(job)
     return {
         "id": job.id,
         "kind": job.kind,
         "state": job.state,
         "progress": job.progress,
-        "message": job.message,
+        "message": view["sentence"],
+        "detail": view["detail"],
+        "can_cancel": view["can_cancel"],
+        "can_retry": view["can_retry"],
+        "can_dismiss": view["can_dismiss"],
         "source": job.shown_source,
         "model": model.name if model else None,
         "model_url": reverse("model-detail", args=[model.name]) if model and not model.hidden

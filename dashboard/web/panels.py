@@ -2,11 +2,25 @@
 
 A snapshot (inference.serving.feed.worker_snapshot) carries every engine's full telemetry,
 Prometheus histograms included, and every runner process's state; the browser needs a few numbers
-per panel, a few times a second.
+per panel, a few times a second. Every number is checked here: what the socket sends is strict
+JSON of known shapes, whatever a worker sent.
+
+The "now" figures (inference.engine.telemetry): `now` is throughput over the last seconds;
+`windows` has, per window the page can select (30 s, 5 min, 1 h), throughput, TTFT/ITL
+percentiles and a 30-point chart; `steps` is what each recent engine step carried; `streams`
+is each running request's live progress.
 """
 
 import math
 from typing import TypedDict
+
+WINDOWS = ("30", "300", "3600")
+SERIES_COLUMNS = ("prompt_tps", "output_tps", "ttft_p50", "ttft_p95", "ttft_p99",
+                  "itl_p50", "itl_p95", "itl_p99")  # fmt: skip
+SERIES_POINTS = 30
+STEP_COLUMNS = ("ago", "decode", "prompt", "ms", "seqs")
+MAX_STEPS = 300
+MAX_STREAMS = 64
 
 # RunnerState["state"] (inference.serving.supervisor); anything else from a snapshot is shown as
 # "unknown" rather than trusted as text for the page.
@@ -18,6 +32,56 @@ class Distribution(TypedDict):
     p95: float | None
     p99: float | None
     max: float | None
+
+
+class WindowDistribution(Distribution):
+    count: int
+
+
+class Series(TypedDict):
+    step_s: float  # seconds between points; the last point is the slot now filling
+    prompt_tps: list[float | None]
+    output_tps: list[float | None]
+    ttft_p50: list[float | None]
+    ttft_p95: list[float | None]
+    ttft_p99: list[float | None]
+    itl_p50: list[float | None]
+    itl_p95: list[float | None]
+    itl_p99: list[float | None]
+
+
+class WindowPanel(TypedDict):
+    seconds: float
+    prompt_tps: float
+    output_tps: float
+    busy_fraction: float
+    ended: int
+    ttft: WindowDistribution
+    itl: WindowDistribution
+    series: Series
+
+
+class Steps(TypedDict):
+    """The recent engine steps, oldest first, as columns."""
+
+    ago: list[float]  # seconds before the snapshot that the step ended
+    decode: list[int]  # decode tokens it carried (one per stream)
+    prompt: list[int]  # prompt tokens it carried (chunks of prompts being read)
+    ms: list[float]  # how long it ran
+    seqs: list[int]  # sequences in its batch
+
+
+class StreamPanel(TypedDict):
+    id: str
+    phase: str  # "prefilling" or "decoding"
+    prompt_tokens: int
+    cached_tokens: int
+    computed: int
+    output_tokens: int
+    max_tokens: int
+    tps: float | None
+    last_token_ago: float | None
+    age: float
 
 
 class ModelPanel(TypedDict):
@@ -36,6 +100,10 @@ class ModelPanel(TypedDict):
     token_budget: int | None
     itl_target: float | None
     finished: int  # requests ended since the model loaded, any outcome: the table refreshes on it
+    now: dict[str, float]  # prompt_tps, output_tps over the last seconds
+    windows: dict[str, WindowPanel]
+    steps: Steps
+    streams: list[StreamPanel]
 
 
 class GpuPanel(TypedDict):
@@ -89,6 +157,9 @@ class Panels(TypedDict):
     active_sequences: int
     kv_fill: float
     finished: int
+    now: dict[str, float]
+    windows: dict[str, WindowPanel]  # summed over models: throughput added, latency worst
+    streams: list[StreamPanel]
     cpu_percent: float | None
     cpu_count: int | None
     memory: MemoryPanel
@@ -124,7 +195,70 @@ def _worst(distributions: list[Distribution]) -> Distribution:
     return worst
 
 
+def _number_list(raw, limit: int, *, optional: bool = False) -> list:
+    if not isinstance(raw, list):
+        return []
+    return [(None if optional and value is None else _number(value)) for value in raw[-limit:]]
+
+
+def _window_distribution(raw) -> WindowDistribution:
+    raw = raw if isinstance(raw, dict) else {}
+    return {**_distribution(raw), "count": _int(raw.get("count"))}  # type: ignore[typeddict-item]
+
+
+def series_panel(raw) -> Series:
+    raw = raw if isinstance(raw, dict) else {}
+    columns = {}
+    for key in SERIES_COLUMNS:
+        values = _number_list(raw.get(key), SERIES_POINTS, optional=True)
+        columns[key] = values + [None] * (SERIES_POINTS - len(values))  # every column 30 long
+    return {"step_s": _number(raw.get("step_s")), **columns}  # type: ignore[typeddict-item]
+
+
+def window_panel(raw) -> WindowPanel:
+    raw = raw if isinstance(raw, dict) else {}
+    return {
+        "seconds": _number(raw.get("seconds")),
+        "prompt_tps": _number(raw.get("prompt_tps")),
+        "output_tps": _number(raw.get("output_tps")),
+        "busy_fraction": _number(raw.get("busy_fraction")),
+        "ended": _int(raw.get("ended")),
+        "ttft": _window_distribution(raw.get("ttft")),
+        "itl": _window_distribution(raw.get("itl")),
+        "series": series_panel(raw.get("series")),
+    }
+
+
+def steps_panel(raw) -> Steps:
+    raw = raw if isinstance(raw, dict) else {}
+    columns = {key: _number_list(raw.get(key), MAX_STEPS) for key in STEP_COLUMNS}
+    n = min(len(column) for column in columns.values())  # ragged columns: the common tail
+    steps = {key: column[len(column) - n :] for key, column in columns.items()}
+    for key in ("decode", "prompt", "seqs"):
+        steps[key] = [int(v) for v in steps[key]]
+    return steps  # type: ignore[return-value]
+
+
+def stream_panel(raw: dict) -> StreamPanel:
+    phase = raw.get("phase")
+    return {
+        "id": (_text(raw.get("id")) or "")[:8],
+        "phase": phase if phase in ("prefilling", "decoding") else "prefilling",
+        "prompt_tokens": _int(raw.get("prompt_tokens")),
+        "cached_tokens": _int(raw.get("cached_tokens")),
+        "computed": _int(raw.get("computed")),
+        "output_tokens": _int(raw.get("output_tokens")),
+        "max_tokens": _int(raw.get("max_tokens")),
+        "tps": _number(raw.get("tps"), None),
+        "last_token_ago": _number(raw.get("last_token_ago"), None),
+        "age": _number(raw.get("age")),
+    }
+
+
 def model_panel(snapshot: dict) -> ModelPanel:
+    now = snapshot.get("now") if isinstance(snapshot.get("now"), dict) else {}
+    windows = snapshot.get("windows") if isinstance(snapshot.get("windows"), dict) else {}
+    streams = snapshot.get("streams") if isinstance(snapshot.get("streams"), list) else []
     return {
         "prompt_tps": _number(snapshot.get("prompt_tps")),
         "output_tps": _number(snapshot.get("output_tps")),
@@ -141,6 +275,50 @@ def model_panel(snapshot: dict) -> ModelPanel:
         "token_budget": _int(snapshot["token_budget"]) if "token_budget" in snapshot else None,
         "itl_target": _number(snapshot.get("itl_target"), None),
         "finished": sum(_int(v) for v in (snapshot.get("outcomes") or {}).values()),
+        "now": {
+            "prompt_tps": _number(now.get("prompt_tps")),
+            "output_tps": _number(now.get("output_tps")),
+        },  # fmt: skip
+        "windows": {key: window_panel(windows.get(key)) for key in WINDOWS},
+        "steps": steps_panel(snapshot.get("steps")),
+        "streams": [stream_panel(row) for row in streams[:MAX_STREAMS] if isinstance(row, dict)],
+    }
+
+
+def _add(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _highest(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def combined_window(windows: list[WindowPanel], seconds: float) -> WindowPanel:
+    """Several models' readings of one window: throughput added, each percentile its worst
+    (as the tiles do), point by point for the charts."""
+    series: dict = {"step_s": max((w["series"]["step_s"] for w in windows), default=0.0)}
+    for key in SERIES_COLUMNS:
+        merge = _add if key.endswith("_tps") else _highest
+        columns = [w["series"][key] for w in windows]
+        series[key] = [merge([c[i] for c in columns]) for i in range(SERIES_POINTS)]
+        if key.endswith("_tps"):
+            series[key] = [v or 0.0 for v in series[key]]
+
+    def dist(key: str) -> WindowDistribution:
+        worst = _worst([_distribution(w[key]) for w in windows])  # type: ignore[misc]
+        return {**worst, "count": sum(w[key]["count"] for w in windows)}  # type: ignore[typeddict-item]
+
+    return {
+        "seconds": seconds,
+        "prompt_tps": sum(w["prompt_tps"] for w in windows),
+        "output_tps": sum(w["output_tps"] for w in windows),
+        "busy_fraction": max((w["busy_fraction"] for w in windows), default=0.0),
+        "ended": sum(w["ended"] for w in windows),
+        "ttft": dist("ttft"),
+        "itl": dist("itl"),
+        "series": series,  # type: ignore[typeddict-item]
     }
 
 
@@ -232,6 +410,14 @@ def panels(snapshot: dict) -> Panels:
         "active_sequences": sum(m["active_sequences"] for m in models.values()),
         "kv_fill": max((m["kv_fill"] for m in models.values()), default=0.0),
         "finished": sum(m["finished"] for m in models.values()),
+        "now": {
+            key: sum(m["now"][key] for m in models.values()) for key in ("prompt_tps", "output_tps")
+        },  # fmt: skip
+        "windows": {
+            key: combined_window([m["windows"][key] for m in models.values()], float(key))
+            for key in WINDOWS
+        },
+        "streams": [{**row, "model": name} for name, m in models.items() for row in m["streams"]],  # type: ignore[misc]
         "cpu_percent": _number(system.get("cpu_percent"), None),
         "cpu_count": _int(system["cpu_count"]) if system.get("cpu_count") else None,
         "memory": memory_panel(system),

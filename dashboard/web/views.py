@@ -6,39 +6,21 @@ Both are a server-rendered shell plus one script; live content comes over WebSoc
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from dashboard import chat
-from dashboard.models import Conversation, Message
+from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
 from inference.history import recent_requests
 from inference.models import LLMModel
 from inference.registry import default_model
 
-FIGURE_KEYS = (
-    "ttft", "prompt_tps", "decode_tps", "prompt_tokens", "cached_tokens", "output_tokens",
-    "queue_time", "load_time", "prefill_time", "total_time", "finish_reason",
-)  # fmt: skip
 SIDEBAR_CONVERSATIONS = 200
-
-
-def message_data(message: Message) -> dict:
-    state, error = message.state, message.error
-    if state == Message.State.STREAMING and not chat.is_active(message.conversation_id):
-        # Left "streaming" by a process that died mid-answer: it will never finish.
-        state, error = Message.State.STOPPED, "interrupted: the appliance restarted"
-    figures = message.figures or {}
-    return {
-        "id": message.pk,
-        "role": message.role,
-        "content": message.content,
-        "state": state,
-        "error": error,
-        "figures": {key: figures.get(key) for key in FIGURE_KEYS if key in figures},
-    }
+MAX_SEARCH_CHARS = 200
 
 
 @never_cache
@@ -50,12 +32,16 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
     if conversation_id is not None:
         # Someone else's conversation is a 404, the same as one that does not exist.
         conversation = get_object_or_404(Conversation, pk=conversation_id, user=request.user)
-    models = list(LLMModel.objects.order_by("-is_default", "name").values_list("name", flat=True))
+    registered = list(LLMModel.objects.order_by("-is_default", "name"))
+    models = [model.name for model in registered]
     default = default_model()
     data = {
         "conversation": None,
         "messages": [],
+        "context_start": None,
         "models": models,
+        # Tokens per sequence, for the page's token counter.
+        "contexts": {model.name: chat.context_of(model) for model in registered},
         "model": default.name if default else None,
         "max_content_chars": chat.MAX_CONTENT_CHARS,
         "max_system_prompt_chars": chat.MAX_SYSTEM_PROMPT_CHARS,
@@ -67,13 +53,19 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
             "model": conversation.model_name,
             "system_prompt": conversation.system_prompt,
         }
-        data["messages"] = [message_data(m) for m in conversation.messages.all()]
+        data.update(chat.branch_data(conversation))
         if conversation.model_name in models:
             data["model"] = conversation.model_name
     conversations = Conversation.objects.filter(user=request.user).only("pk", "title")
+    query = " ".join(request.GET.get("q", "").split())[:MAX_SEARCH_CHARS]
+    if query:  # titles and what was said, this user's own only
+        conversations = conversations.filter(
+            Q(title__icontains=query) | Q(messages__content__icontains=query)
+        ).distinct()
     return render(request, "chat/chat.html", {
         "conversation": conversation,
         "conversations": conversations[:SIDEBAR_CONVERSATIONS],
+        "query": query,
         "chat_data": data,
     })  # fmt: skip
 

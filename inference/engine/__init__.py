@@ -3,8 +3,10 @@
 Public interface:
     Engine(runner, itl_target=0.1, max_queue=64).start()
     engine.submit(prompt, SamplingParams(...), cache_key=...) -> RequestHandle
-    handle.events() / handle.aevents() -> TokenEvent, PhaseEvent, DoneEvent, ErrorEvent
+    handle.events() / handle.aevents() -> TokenEvent, PhaseEvent, QueueEvent, PrefillEvent,
+                                          DoneEvent, ErrorEvent
     engine.cancel(request_id); engine.snapshot(); engine.shutdown()
+    engine.embed(["text", [token ids]], truncate=True) -> Future of an embedding.Embedding
 Only runner.py imports llama_cpp; load it with `inference.engine.runner.LlamaRunner`.
 """
 
@@ -14,6 +16,8 @@ from inference.engine.events import (
     ErrorEvent,
     Event,
     PhaseEvent,
+    PrefillEvent,
+    QueueEvent,
     RequestHandle,
     TokenEvent,
     event_to_dict,
@@ -22,5 +26,6 @@ from inference.engine.params import InvalidParams, SamplingParams
 
 __all__ = [
     "DoneEvent", "Engine", "EngineStopped", "ErrorEvent", "Event", "InvalidParams", "PhaseEvent",
-    "PromptTooLong", "QueueFull", "RequestHandle", "SamplingParams", "TokenEvent", "event_to_dict",
+    "PrefillEvent", "PromptTooLong", "QueueEvent", "QueueFull", "RequestHandle", "SamplingParams",
+    "TokenEvent", "event_to_dict",
 ]  # fmt: skip

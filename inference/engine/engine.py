@@ -27,6 +27,8 @@ from inference.engine.events import (
     ErrorEvent,
     Event,
     PhaseEvent,
+    PrefillEvent,
+    QueueEvent,
     RequestHandle,
     TokenEvent,
 )
@@ -38,6 +40,8 @@ from inference.engine.telemetry import Telemetry
 from inference.engine.textstream import TextStream
 
 log = logging.getLogger(__name__)
+
+STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tokens this recent
 
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
@@ -61,6 +65,7 @@ class Runner(Protocol):
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def is_eog(self, token: int) -> bool: ...
+    def validate(self, params: SamplingParams) -> None: ...  # InvalidParams: e.g. a bad grammar
     def prepare(self, request: Request) -> None: ...  # set up the request's sampler
     def release(self, request: Request) -> None: ...
     def trim(self, trims: list[KvTrim]) -> None: ...
@@ -101,6 +106,7 @@ class Engine:
         self._pending = 0  # submitted, not yet admitted: checked at submit for a fast "busy"
         self._live: set[str] = set()  # ids of requests not yet ended (guarded by _pending_lock)
         self._pending_lock = threading.Lock()
+        self._embedding = 0  # embeddings asked for and not yet computed (guarded by the lock)
         self._counts = self.scheduler.counts()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -129,8 +135,9 @@ class Engine:
         add_special: bool = True,
         sink: Callable[[Event], None] | None = None,
     ) -> RequestHandle:
-        """Queue a request. Raises PromptTooLong, QueueFull or EngineStopped at once. With a
-        `sink`, the request's events are passed to it (on the engine thread) as they happen."""
+        """Queue a request. Raises InvalidParams, PromptTooLong, QueueFull or EngineStopped at
+        once. With a `sink`, the request's events are passed to it (on the engine thread) as
+        they happen."""
         accepted = time.perf_counter() if accepted_at is None else accepted_at
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
@@ -143,10 +150,12 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but the context holds {limit} tokens per "
                 f"sequence (prompt and answer together)"
             )
+        params = params or SamplingParams()
+        self.runner.validate(params)  # a grammar llama.cpp cannot parse is refused here
         request = Request(
             id=request_id or uuid.uuid4().hex,
             prompt_ids=ids,
-            params=params or SamplingParams(),
+            params=params,
             accepted_at=accepted,
             cache_key=cache_key,
             cache_partition=cache_partition,
@@ -180,6 +189,29 @@ class Engine:
         self._inbox.put(("call", fn, future))
         return future
 
+    def embed(self, inputs: list[str | list[int]], *, truncate: bool = True) -> Future:
+        """Embeddings of texts or token arrays (inference.engine.embedding): checked at once
+        (InvalidParams, PromptTooLong), computed on the engine thread between steps; the
+        Future's result is an Embedding. The engine reads as busy until it is done."""
+        from inference.engine.embedding import start  # that module builds on this one
+
+        if self._stopping.is_set() or self._thread is None:
+            raise EngineStopped("the engine is not running")
+        with self._pending_lock:
+            self._embedding += 1
+        try:
+            future = start(self, inputs, truncate=truncate)
+        except BaseException:
+            self._embedded(None)
+            raise
+        future.add_done_callback(self._embedded)
+        return future
+
+    def _embedded(self, future: Future | None) -> None:
+        with self._pending_lock:
+            self._embedding -= 1
+        self.last_active = time.perf_counter()
+
     def snapshot(self) -> dict:
         now = time.perf_counter()
         counts = self._counts
@@ -202,8 +234,35 @@ class Engine:
             "kv_fill": counts["kv_used"] / counts["kv_size"] if counts["kv_size"] else 0.0,
             "idle_s": now - self.last_active if not counts["prefilling"] + counts["decoding"]
             else 0.0,
+            "streams": self._streams_now(now),
             **self.telemetry.snapshot(now),
         }
+
+    def _streams_now(self, now: float) -> list[dict]:
+        """Each running request as the dashboard's live table shows it: decode tok/s over the
+        last STREAM_RATE_S (so a stalled stream reads low at once), or how far its prompt is.
+        Read from another thread: copies of the lists, and only fields a step sets whole."""
+        rows = []
+        for request in list(self.scheduler.running)[: self.runner.n_slots]:
+            times = request.token_times
+            n = len(times)
+            recent = 0
+            while recent < n and times[n - 1 - recent] >= now - STREAM_RATE_S:
+                recent += 1
+            since = min(STREAM_RATE_S, now - times[0]) if n else 0.0
+            rows.append({
+                "id": request.id[:8],
+                "phase": "decoding" if n else "prefilling",
+                "prompt_tokens": request.prompt_len,
+                "cached_tokens": request.cached_tokens,
+                "computed": min(request.num_computed, request.prompt_len),
+                "output_tokens": len(request.output_ids),
+                "max_tokens": request.max_new_tokens,
+                "tps": recent / since if since >= 0.25 else None,  # None: too new to say
+                "last_token_ago": now - times[-1] if n else None,
+                "age": now - request.accepted_at,
+            })  # fmt: skip
+        return rows
 
     def info(self) -> dict:
         """The loaded model's facts (read once at load by the runner)."""
@@ -217,7 +276,7 @@ class Engine:
     @property
     def busy(self) -> bool:
         counts = self._counts
-        return bool(self._pending or counts["prefilling"] or counts["decoding"])
+        return bool(self._pending or self._embedding or counts["prefilling"] or counts["decoding"])
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the loop; requests still running end with an error event."""
@@ -322,6 +381,7 @@ class Engine:
             self._counts = self.scheduler.counts()
         for request in plan.admitted:
             self._admitted(request)
+        self._report_queue()
         self.runner.trim(plan.kv_trims)
         if not plan.chunks:
             self._counts = self.scheduler.counts()
@@ -347,21 +407,37 @@ class Engine:
         with self._pending_lock:
             self._pending -= 1
         self._deliver(request, PhaseEvent(request.id, "prefilling"))
+        self._deliver(request, self._prefill_progress(request))
+
+    def _report_queue(self) -> None:
+        """Tell each request still waiting its place in the queue, when that place changed."""
+        for ahead, request in enumerate(self.scheduler.waiting):
+            if request.queue_ahead != ahead:
+                request.queue_ahead = ahead
+                self._deliver(request, QueueEvent(request.id, ahead))
+
+    @staticmethod
+    def _prefill_progress(request: Request) -> PrefillEvent:
+        done = min(request.num_computed, request.prompt_len)
+        return PrefillEvent(request.id, done, request.prompt_len, request.cached_tokens)
 
     def _update(self, chunks: list[Chunk], sampled: list[int], started: float, ended: float):
         tokens = iter(sampled)
-        prompt_tokens = output_tokens = 0
+        prompt_tokens = output_tokens = decode_tokens = 0
         for chunk in chunks:
             request = chunk.request
             request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
                 request.prefill_chunks.append((started, ended, len(chunk.tokens)))
+                self._deliver(request, self._prefill_progress(request))
+            else:
+                decode_tokens += len(chunk.tokens)
             if chunk.sample:
                 output_tokens += 1
                 self._accept_token(request, next(tokens))
         self.telemetry.record_step(
-            ended, prompt_tokens, output_tokens, len(chunks), ended - started
+            ended, prompt_tokens, output_tokens, len(chunks), ended - started, decode_tokens
         )
 
     def _accept_token(self, request: Request, token: int) -> None:
@@ -377,11 +453,11 @@ class Engine:
         sent = time.perf_counter()
         times = request.token_times
         if times:
-            self.telemetry.record_token_gap(sent - times[-1])
+            self.telemetry.record_token_gap(sent - times[-1], at=sent)
         times.append(sent)
         if len(times) == 1:
             self.telemetry.record_first_token(
-                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0
+                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0, at=sent
             )
         self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1))
         if stream.stopped:

@@ -1,5 +1,10 @@
 """What leaves the engine: events, delivered to the submitter through a handle.
 
+As dicts (event_to_dict), the progress events are a contract with the pages that show them:
+    {"type": "progress", "request_id", "phase": "waiting", "ahead": N}
+    {"type": "progress", "request_id", "phase": "prefilling", "done", "total", "cached"}
+Consumers ignore event types they do not know.
+
 The engine thread only ever calls `RequestHandle.deliver`; a consumer reads with `events()` from
 a thread or `aevents()` from an asyncio loop. Both end after the request's last event (done or
 error).
@@ -30,6 +35,28 @@ class PhaseEvent:
 
 
 @dataclass(slots=True, frozen=True)
+class QueueEvent:
+    """A waiting request's place in the queue, sent when it changes (not on every step)."""
+
+    request_id: str
+    ahead: int  # requests queued before this one; 0: next to be admitted
+    phase: Literal["waiting"] = "waiting"
+    type: Literal["progress"] = "progress"
+
+
+@dataclass(slots=True, frozen=True)
+class PrefillEvent:
+    """How far the prompt is read, after each prompt chunk: one event per chunk, not per token."""
+
+    request_id: str
+    done: int  # prompt tokens in the KV now, the cached ones included
+    total: int  # prompt tokens
+    cached: int  # of those, reused from the prefix cache (never computed)
+    phase: Literal["prefilling"] = "prefilling"
+    type: Literal["progress"] = "progress"
+
+
+@dataclass(slots=True, frozen=True)
 class DoneEvent:
     request_id: str
     finish_reason: Literal["stop", "length", "cancelled"]
@@ -47,7 +74,7 @@ class ErrorEvent:
     code: str | None = None  # "unavailable": the runner process ended; None: the request failed
 
 
-Event = TokenEvent | PhaseEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | PhaseEvent | QueueEvent | PrefillEvent | DoneEvent | ErrorEvent
 
 
 def event_to_dict(event: Event) -> dict:

@@ -8,12 +8,22 @@ stopped by itself (its runner process died) is dropped, and the next request loa
 Loading is charged to the request that needed it (its `load_time`), and keep-alive follows
 Ollama: a duration after the last answer, 0 unloads right after the answer, a negative value
 keeps the model loaded.
+
+Context per sequence: a spec may leave it automatic (ctx_per_seq 0); the preflight sizes it
+before the load (inference.preflight.fit). A request that needs more than the loaded engine
+holds (Ollama's num_ctx: `ModelSpec.min_ctx`, or a larger setting saved since the load)
+reloads the model with that context, as Ollama does: once the answers running on it have ended
+(waiting at most RELOAD_WAIT_S, then ModelBusy), and only after the preflight said the larger
+context fits in place of the loaded one, so a refused reload leaves the loaded model as it was.
+Needing less never reloads.
 """
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -23,6 +33,11 @@ from inference.engine.params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+# The context per sequence of an automatic spec when no preflight sized it (tests' hosts).
+FALLBACK_CTX = 2048
+# How long a reload for a larger context waits for the loaded engine's answers to end.
+RELOAD_WAIT_S = 120.0
+
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
@@ -31,6 +46,13 @@ class ModelSpec:
     name: str
     config: object  # a RunnerConfig (kept untyped so this module never imports llama_cpp)
     keep_alive: float = 300.0  # seconds after the last answer; < 0: forever
+    # The context per sequence this request needs (Ollama's num_ctx; 0: whatever is loaded).
+    # A loaded engine with less is reloaded with it; a load without one gets max(config's, this).
+    min_ctx: int = 0
+
+    @property
+    def needed_ctx(self) -> int:
+        return max(_ctx_of(self.config), self.min_ctx)
 
 
 class ServingEngine(Protocol):
@@ -39,6 +61,7 @@ class ServingEngine(Protocol):
     last_active: float
 
     def submit(self, prompt, params=None, **kwargs) -> RequestHandle: ...
+    def embed(self, inputs: list, *, truncate: bool = True) -> Future: ...  # of an Embedding
     def info(self) -> dict: ...
     def snapshot(self) -> dict: ...
     def shutdown(self, timeout: float = 10.0) -> None: ...
@@ -56,6 +79,10 @@ class Loaded:
     load_seconds: float
     keep_alive: float
     last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def ctx_per_seq(self) -> int:
+        return _ctx_of(self.spec.config)  # concrete: the spec as sized at load
 
     def expires_in(self, now: float) -> float | None:
         if self.keep_alive < 0:
@@ -79,7 +106,7 @@ class EngineHost:
         itl_target: float = 0.1,
         max_queue: int = 64,
         validate: Callable[[ModelSpec], None] | None = None,
-        preflight: Callable[[ModelSpec], None] | None = None,
+        preflight: Callable[..., ModelSpec | None] | None = None,
     ):
         self._runner_factory = runner_factory or _llama_runner
         self._engine_factory = engine_factory or self._in_process_engine
@@ -87,7 +114,10 @@ class EngineHost:
         self.itl_target = itl_target
         self.max_queue = max_queue
         self.validate = validate  # before anything is evicted: is the file sound?
-        self.preflight = preflight  # after room is made: does it fit?
+        # After room is made: does it fit? Called as preflight(spec), or preflight(spec,
+        # replacing=<the loaded spec>) for a reload; raises to refuse, returns the spec to load
+        # (its context sized) or None to load it as given.
+        self.preflight = preflight
         self._loaded: dict[str, Loaded] = {}
         self._lock = threading.RLock()  # held during loads: one load at a time
         self._sweeper: threading.Thread | None = None
@@ -102,6 +132,9 @@ class EngineHost:
         with self._lock:
             self._drop_stopped()
             current = self._loaded.get(spec.name)
+            if current is not None and spec.needed_ctx > current.ctx_per_seq:
+                self._reload_larger(current, spec)
+                return self._loaded[spec.name].engine, time.perf_counter() - started
             if current is not None:
                 # Like Ollama, each request's keep-alive (the model's default when it names
                 # none) replaces the last one.
@@ -111,21 +144,57 @@ class EngineHost:
             if self.validate is not None:
                 self.validate(spec)
             self._make_room()
-            if self.preflight is not None:
-                self.preflight(spec)
-            self.loading = spec.name
-            try:
-                load_started = time.perf_counter()
-                engine = self._engine_factory(spec)
-            finally:
-                self.loading = None
-            now = time.perf_counter()
-            self._loaded[spec.name] = Loaded(
-                spec, engine, loaded_at=time.time(), load_seconds=now - load_started,
-                keep_alive=spec.keep_alive, last_used=now,
-            )  # fmt: skip
-            log.info("loaded %s in %.2f s", spec.name, now - load_started)
-            return engine, now - started
+            self._start(self._sized(spec))
+            return self._loaded[spec.name].engine, time.perf_counter() - started
+
+    def _reload_larger(self, current: Loaded, spec: ModelSpec) -> None:
+        """(Under _lock.) The model again with the larger context `spec` needs, in place of the
+        loaded engine: once its answers ended, and only if the larger one fits."""
+        if self.validate is not None:
+            self.validate(spec)
+        deadline = time.monotonic() + RELOAD_WAIT_S
+        while current.engine.busy and current.engine.alive:
+            if time.monotonic() >= deadline:
+                raise ModelBusy(
+                    f"{spec.name} holds {current.ctx_per_seq} tokens per sequence and a context "
+                    f"of {spec.needed_ctx} needs a reload, but it is still answering; try again"
+                )
+            time.sleep(0.05)
+        sized = self._sized(spec, replacing=current.spec)  # refuses with the loaded one intact
+        log.info("reloading %s: %d tokens per sequence asked, %d loaded",
+                 spec.name, spec.needed_ctx, current.ctx_per_seq)  # fmt: skip
+        self._unload_locked(spec.name)
+        self._start(sized)
+
+    def _sized(self, spec: ModelSpec, replacing: ModelSpec | None = None) -> ModelSpec:
+        """The spec to load: as the preflight sized it (and refused it if it cannot fit), its
+        context per sequence concrete and at least what the request needs."""
+        if self.preflight is not None:
+            extra = {"replacing": replacing} if replacing is not None else {}
+            spec = self.preflight(spec, **extra) or spec
+        config = spec.config
+        if not hasattr(config, "ctx_per_seq"):
+            return spec  # a test's stand-in config: nothing to size
+        ctx = max(config.ctx_per_seq or FALLBACK_CTX, spec.min_ctx)
+        if ctx != config.ctx_per_seq:
+            spec = dataclasses.replace(spec, config=dataclasses.replace(config, ctx_per_seq=ctx))
+        return spec
+
+    def _start(self, spec: ModelSpec) -> None:
+        """(Under _lock.) Start the engine of a sized spec and record it as loaded."""
+        self.loading = spec.name
+        try:
+            load_started = time.perf_counter()
+            engine = self._engine_factory(spec)
+        finally:
+            self.loading = None
+        now = time.perf_counter()
+        self._loaded[spec.name] = Loaded(
+            spec, engine, loaded_at=time.time(), load_seconds=now - load_started,
+            keep_alive=spec.keep_alive, last_used=now,
+        )  # fmt: skip
+        log.info("loaded %s in %.2f s (%d tokens per sequence)",
+                 spec.name, now - load_started, _ctx_of(spec.config))  # fmt: skip
 
     def _in_process_engine(self, spec: ModelSpec) -> Engine:
         runner = self._runner_factory(spec.config)
@@ -220,6 +289,18 @@ class EngineHost:
                 **kwargs,
             )  # fmt: skip
 
+    def embed(
+        self, spec: ModelSpec, inputs: list, *, truncate: bool = True,
+        keep_alive: float | None = None,
+    ) -> tuple[Future, float]:  # fmt: skip
+        """Load the model if needed and start embedding `inputs` (inference.engine.embedding);
+        (the Future of its Embedding, seconds this call waited for the load)."""
+        with self._lock:  # the engine reads as busy from embed() on: the sweep leaves it
+            engine, waited = self.load(spec)
+            if keep_alive is not None:
+                self._loaded[spec.name].keep_alive = keep_alive
+            return engine.embed(inputs, truncate=truncate), waited
+
     def touch(self, name: str) -> None:
         """Restart a model's keep-alive clock (called when an answer ends)."""
         loaded = self._loaded.get(name)
@@ -250,6 +331,7 @@ class EngineHost:
                 "keep_alive": loaded.keep_alive,
                 "expires_in": expires,
                 "n_ctx": info.get("n_ctx"),
+                "ctx_per_seq": info.get("ctx_per_seq") or loaded.ctx_per_seq,
             })  # fmt: skip
         return rows
 
@@ -257,6 +339,11 @@ class EngineHost:
         return {
             name: m.engine.snapshot() for name, m in list(self._loaded.items()) if m.engine.alive
         }
+
+
+def _ctx_of(config: object) -> int:
+    """A config's context per sequence (0: automatic, or a stand-in config without one)."""
+    return getattr(config, "ctx_per_seq", 0) or 0
 
 
 def _llama_runner(config: object) -> object:

@@ -2,7 +2,8 @@
 
 Every number is bounds-checked here, before anything reaches llama.cpp, so a negative or absurd
 value becomes a clear error naming the field (llama.cpp's own server once corrupted memory on a
-negative parameter).
+negative parameter). A grammar's size is checked here too; whether llama.cpp can parse it only
+the runner can tell, and it does so at submit (inference.engine.runner, `validate`).
 """
 
 import math
@@ -21,6 +22,12 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_TOKENS_LIMIT = 1 << 20
 SEED_LIMIT = (1 << 32) - 1
+MAX_GRAMMAR_CHARS = 64 * 1024  # GBNF text; llama.cpp parses it for every request that sends one
+# llama.cpp parses nested groups recursively: 20,000 open parentheses overflow its stack (a
+# crashed runner). A JSON schema's grammar nests about one level per maxLength character.
+MAX_GRAMMAR_NESTING = 1100
+MAX_GRAMMAR_TRIGGERS = 8
+MAX_TRIGGER_LENGTH = 256
 
 # (low, high) inclusive for every numeric field.
 _FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
@@ -38,6 +45,33 @@ _INT_BOUNDS: dict[str, tuple[int, int]] = {
 }
 
 
+def _nesting(grammar: str) -> int:
+    """The deepest nesting of ( ) groups in GBNF text, outside literals, classes and comments."""
+    depth = deepest = 0
+    quote = None  # '"' inside a literal, "]" inside a character class
+    chars = iter(grammar)
+    for char in chars:
+        if quote is not None:
+            if char == "\\":
+                next(chars, None)
+            elif char == quote:
+                quote = None
+        elif char == '"':
+            quote = '"'
+        elif char == "[":
+            quote = "]"
+        elif char == "#":
+            for rest in chars:
+                if rest in "\r\n":
+                    break
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth -= 1
+    return deepest
+
+
 @dataclass(slots=True, frozen=True)
 class SamplingParams:
     """How to pick each output token. temperature 0 means greedy (deterministic)."""
@@ -53,6 +87,15 @@ class SamplingParams:
     seed: int | None = None  # None: a fresh random seed per request
     max_tokens: int = 512
     stop: tuple[str, ...] = field(default_factory=tuple)
+    # GBNF (llama.cpp's grammar format, root rule "root"): only tokens the grammar allows are
+    # sampled. With triggers it is lazy: the text is free until the model samples one of these
+    # words, and from there on (the word included) it follows the grammar; how a tool call's
+    # JSON is held to its schema once "<tool_call>" appears. A trigger counts only where it is
+    # one token of the model's vocabulary (a special token such as Qwen's <tool_call>): a word
+    # that ends inside a longer token would hand the grammar text it cannot take, which aborts
+    # llama.cpp. A lazy grammar with no such trigger is not applied.
+    grammar: str | None = None
+    grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in _FLOAT_BOUNDS.items():
@@ -85,6 +128,37 @@ class SamplingParams:
                     "stop", f"each stop string must be 1 to {MAX_STOP_LENGTH} characters"
                 )
         object.__setattr__(self, "stop", tuple(stop))
+        self._check_grammar()
+
+    def _check_grammar(self) -> None:
+        grammar, triggers = self.grammar, self.grammar_triggers
+        if grammar is not None:
+            if not isinstance(grammar, str) or not grammar.strip():
+                raise InvalidParams("grammar", "must be a non-empty GBNF text")
+            if len(grammar) > MAX_GRAMMAR_CHARS:
+                raise InvalidParams(
+                    "grammar", f"at most {MAX_GRAMMAR_CHARS} characters, got {len(grammar)}"
+                )
+            if "\0" in grammar:  # it crosses to C as a NUL-terminated string
+                raise InvalidParams("grammar", "must not contain NUL characters")
+            if _nesting(grammar) > MAX_GRAMMAR_NESTING:
+                raise InvalidParams(
+                    "grammar", f"nests groups deeper than {MAX_GRAMMAR_NESTING} levels"
+                )
+        if not isinstance(triggers, tuple | list):
+            raise InvalidParams("grammar_triggers", "must be a list of regular expressions")
+        if triggers and grammar is None:
+            raise InvalidParams("grammar_triggers", "triggers need a grammar")
+        if len(triggers) > MAX_GRAMMAR_TRIGGERS:
+            raise InvalidParams("grammar_triggers", f"at most {MAX_GRAMMAR_TRIGGERS} triggers")
+        for item in triggers:
+            if not isinstance(item, str) or not 1 <= len(item) <= MAX_TRIGGER_LENGTH:
+                raise InvalidParams(
+                    "grammar_triggers", f"each trigger must be 1 to {MAX_TRIGGER_LENGTH} characters"
+                )
+            if "\0" in item:
+                raise InvalidParams("grammar_triggers", "must not contain NUL characters")
+        object.__setattr__(self, "grammar_triggers", tuple(triggers))
 
     @property
     def greedy(self) -> bool:

@@ -49,6 +49,7 @@ class Request:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    queue_ahead: int | None = None  # the queue position last reported to the submitter
 
     admitted_at: float | None = None
     prefill_started_at: float | None = None

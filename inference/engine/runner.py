@@ -9,12 +9,14 @@ no policy: what runs is the scheduler's business.
 import ctypes
 import logging
 import os
+import re
 import secrets
 import threading
 
 import llama_cpp as ll
 
-from inference.engine.params import SamplingParams
+from inference.engine.embedding import pack
+from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.request import Request
 from inference.engine.runner_config import KV_TYPES, RunnerConfig
@@ -29,9 +31,17 @@ log = logging.getLogger("llama.cpp")
 _LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 
 
+# A thread collecting llama.cpp's complaints (a grammar that does not parse) instead of logging
+# them: a client's bad grammar is that client's 400, not an appliance error.
+_capture = threading.local()
+
+
 @ll.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if level in _LEVELS:
+    lines = getattr(_capture, "lines", None)
+    if lines is not None and level in (4, 5):
+        lines.append(text.decode("utf-8", errors="replace"))
+    elif level in _LEVELS:
         log.log(_LEVELS[level], "%s", text.decode("utf-8", errors="replace").rstrip())
 
 DECODE_ERRORS = {
@@ -39,6 +49,18 @@ DECODE_ERRORS = {
     2: "the computation was aborted",
     -1: "llama.cpp rejected the batch as invalid",
 }
+
+
+EMBED_MAX_TOKENS = 2048  # per input (see embed_limit)
+# Inputs per llama_decode of the embedding context. Measured on the starter model (CPU): with
+# several inputs in one decode, an input's vector moved by up to 0.4 % (0.15 in a component of a
+# vector of length 37) against the same input alone, once a decode held more than ~32 tokens:
+# ggml picks its kernels (flash attention's tiled path, matmul tiles by row) by the size and
+# layout of the ubatch. A text must give the same vector whatever it is sent with, so each
+# input is its own decode; the test that compares alone and batched guards a larger value.
+EMBED_MAX_SEQS = 1
+# llama.cpp's pooling types (llama_pooling_type); a GGUF names its own under <arch>.pooling_type.
+_POOL_NONE, _POOL_MEAN, _POOL_RANK = 0, 1, 4
 
 
 class LoadError(RuntimeError):
@@ -52,6 +74,15 @@ def _init_backend() -> None:
             ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
             ll.llama_backend_init()
             _backend_ready = True
+
+
+def _grammar_complaint(grammar: str, lines: list[str]) -> str:
+    """Why llama.cpp refused a grammar, as far as it says through its log (the parser's own
+    detail goes to stderr, not to the log callback)."""
+    text = " ".join(" ".join(lines).split())[:300] or "it does not parse"
+    if not re.search(r"^\s*root\s*::=", grammar, re.MULTILINE):
+        text += " (it defines no root rule)"
+    return text + "; see llama.cpp's grammars/README.md for GBNF"
 
 
 class LlamaRunner:
@@ -103,6 +134,15 @@ class LlamaRunner:
         self._pieces: dict[int, bytes] = {}
         self._closed = False
         self._info = self._read_info()
+        # Embeddings run on a second context of the same weights, made on first use (most
+        # models never embed). One input is pooled within one ubatch, so the ubatch is the
+        # most tokens an input may have; for a generative model llama.cpp also computes logits
+        # for every one of them (the starter model: 401 MiB of compute buffer at 2048 tokens),
+        # hence the cap.
+        self.embed_limit = min(self.ctx_per_seq, self._info["n_ctx_train"] or self.ctx_per_seq,
+                               EMBED_MAX_TOKENS)  # fmt: skip
+        self._embed_ctx = None
+        self._embed_batch = None
 
     # --- text --------------------------------------------------------------------------------
 
@@ -135,6 +175,13 @@ class LlamaRunner:
 
     # --- samplers ----------------------------------------------------------------------------
 
+    def validate(self, params: SamplingParams) -> None:
+        """Refuse (InvalidParams) what only llama.cpp can judge: a grammar it cannot parse.
+        Called at submit, on the submitting thread; parsing reads only the vocabulary."""
+        sampler = self._grammar_sampler(params) if params.grammar is not None else None
+        if sampler is not None:
+            ll.llama_sampler_free(sampler)
+
     def prepare(self, request: Request) -> None:
         self._samplers[request.id] = self._sampler_chain(request.params, request.prompt_ids)
 
@@ -143,9 +190,44 @@ class LlamaRunner:
         if sampler is not None:
             ll.llama_sampler_free(sampler)
 
+    def _trigger_tokens(self, words: tuple[str, ...]) -> list[int]:
+        """The trigger words that are one token each here (see SamplingParams.grammar)."""
+        tokens = [self.tokenize(word, add_special=False) for word in words]
+        return [ids[0] for ids in tokens if len(ids) == 1]
+
+    def _grammar_sampler(self, p: SamplingParams):
+        """The request's own grammar sampler (its parse state is per sequence), or None for a
+        lazy grammar without a usable trigger; InvalidParams when the grammar does not parse."""
+        grammar = p.grammar.encode()
+        triggers = self._trigger_tokens(p.grammar_triggers) if p.grammar_triggers else []
+        if p.grammar_triggers and not triggers:
+            return None
+        _capture.lines = []
+        try:
+            if triggers:
+                tokens = (ll.llama_token * len(triggers))(*triggers)
+                sampler = ll.llama_sampler_init_grammar_lazy_patterns(
+                    self.vocab, grammar, b"root", None, 0, tokens, len(triggers)
+                )
+            else:
+                sampler = ll.llama_sampler_init_grammar(self.vocab, grammar, b"root")
+            complaints = _capture.lines
+        finally:
+            _capture.lines = None
+        if not sampler:
+            raise InvalidParams("grammar", "llama.cpp cannot use this grammar: "
+                                + _grammar_complaint(p.grammar, complaints))  # fmt: skip
+        return sampler
+
     def _sampler_chain(self, p: SamplingParams, prompt_ids: list[int]):
+        # The grammar first: it masks what it forbids, and everything after it (penalties,
+        # top-k, ..., the draw) only ever sees tokens the grammar allows.
+        grammar = self._grammar_sampler(p) if p.grammar is not None else None
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
+        if grammar is not None:
+            add(chain, grammar)
+        penalties = None
         if p.uses_penalties:
             # This llama.cpp takes n_vocab first, and reads a negative window as 0 (penalties
             # off): the whole context is asked for by its size.
@@ -166,10 +248,11 @@ class LlamaRunner:
             add(chain, ll.llama_sampler_init_temp(p.temperature))
             seed = p.seed if p.seed is not None else secrets.randbits(32)
             add(chain, ll.llama_sampler_init_dist(seed))
-        if p.uses_penalties:  # penalties look back over the prompt too, as llama.cpp's tools do
+        if penalties is not None:  # they look back over the prompt too, as llama.cpp's tools do
             window = len(prompt_ids) if p.repeat_last_n < 0 else p.repeat_last_n
             for token in prompt_ids[-window:] if window else []:
-                ll.llama_sampler_accept(chain, token)
+                # Into the penalties alone: the grammar constrains the answer, not the prompt.
+                ll.llama_sampler_accept(penalties, token)
         return chain
 
     # --- the KV cache and the step -----------------------------------------------------------
@@ -227,6 +310,88 @@ class LlamaRunner:
                 raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
         ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
 
+    # --- embeddings --------------------------------------------------------------------------
+
+    def embed(self, sequences: list[list[int]]) -> list[bytes]:
+        """The pooled embedding of each token sequence: n_embd_out float32 in native byte order,
+        not normalised. Each fits embed_limit (inference.engine.embedding.prepare sees to it).
+        Up to EMBED_MAX_SEQS go into one llama_decode (one: see there), each its own sequence
+        id, in a unified KV whose cells are cleared before every decode; on the engine thread
+        only."""
+        ctx = self._embedding_context()
+        memory = ll.llama_get_memory(ctx)  # NULL for encoders without a KV cache (BERT)
+        batch = self._embed_batch
+        dim = ll.llama_model_n_embd_out(self.model)
+        vectors: list[bytes] = []
+        for group in pack(sequences, self.embed_limit, EMBED_MAX_SEQS):
+            i = 0
+            for seq_id, index in enumerate(group):
+                for position, token in enumerate(sequences[index]):
+                    batch.token[i] = token
+                    batch.pos[i] = position
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = seq_id
+                    batch.logits[i] = 1  # pooling reads every token's output
+                    i += 1
+            batch.n_tokens = i
+            if memory:
+                ll.llama_memory_clear(memory, True)
+            rc = ll.llama_decode(ctx, batch)
+            if rc != 0:
+                raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
+            for seq_id in range(len(group)):
+                pooled = ll.llama_get_embeddings_seq(ctx, seq_id)
+                if not pooled:
+                    raise RuntimeError("llama.cpp gave no pooled embedding")
+                vectors.append(ctypes.string_at(pooled, dim * 4))
+        if memory:
+            ll.llama_memory_clear(memory, True)
+        return vectors
+
+    def _embedding_context(self):
+        if self._embed_ctx is not None:
+            return self._embed_ctx
+        params = ll.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = self.embed_limit
+        params.n_seq_max = EMBED_MAX_SEQS
+        params.n_threads = params.n_threads_batch = self.threads
+        params.embeddings = True
+        params.pooling_type = self._pooling_type()
+        # One KV buffer for all sequences of a decode: each still attends only to its own
+        # cells, and a decode of several short inputs needs no more cells than one long one.
+        params.kv_unified = True
+        params.type_k = params.type_v = KV_TYPES[self.config.kv_type]
+        params.flash_attn_type = (
+            ll.LLAMA_FLASH_ATTN_TYPE_AUTO if self.config.flash_attn
+            else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )  # fmt: skip
+        params.no_perf = True
+        ctx = ll.llama_init_from_model(self.model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create an embedding context for this model")
+        self._embed_batch = ll.llama_batch_init(self.embed_limit, 0, 1)
+        self._embed_ctx = ctx
+        return ctx
+
+    def _pooling_type(self) -> int:
+        """The GGUF's own pooling (mean, CLS, last); mean where it names none or "none", as a
+        generative model's vector must still be one per input. A reranker's is refused."""
+        arch = self._meta("general.architecture")
+        named = self._meta(f"{arch}.pooling_type") if arch else None
+        try:
+            pooling = int(named) if named is not None else _POOL_NONE
+        except ValueError:
+            pooling = _POOL_NONE
+        if pooling == _POOL_RANK:
+            raise InvalidParams("model", "this model is a reranker: it scores pairs of texts "
+                                "and gives no embeddings")  # fmt: skip
+        return _POOL_MEAN if pooling == _POOL_NONE else pooling
+
+    def _meta(self, key: str) -> str | None:
+        buffer = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self.model, key.encode(), buffer, 256)
+        return buffer.value.decode("utf-8", errors="replace") if n >= 0 else None
+
     # --- facts -------------------------------------------------------------------------------
 
     def info(self) -> dict:
@@ -259,5 +424,8 @@ class LlamaRunner:
             ll.llama_sampler_free(sampler)
         self._samplers.clear()
         ll.llama_batch_free(self._batch)
+        if self._embed_ctx is not None:
+            ll.llama_batch_free(self._embed_batch)
+            ll.llama_free(self._embed_ctx)
         ll.llama_free(self.ctx)
         ll.llama_model_free(self.model)

@@ -3,12 +3,15 @@
 from dataclasses import dataclass
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids of the KV cache types we offer
+AUTOMATIC_CTX = 0  # ctx_per_seq chosen at load from the training context and free memory
 
 
 @dataclass(slots=True, frozen=True)
 class RunnerConfig:
     model_path: str
-    ctx_per_seq: int = 2048  # the most tokens (prompt + answer) one sequence may hold
+    # The most tokens (prompt + answer) one sequence may hold. 0: automatic, sized by the host's
+    # preflight before the load (inference.preflight.fit); a runner never receives 0.
+    ctx_per_seq: int = 2048
     parallel: int = 4  # sequences that can run at once with a full context each
     cache_slots: int = 4  # extra sequence ids that keep finished turns for the prefix cache
     n_batch: int = 512
@@ -35,6 +38,8 @@ class RunnerConfig:
         }  # fmt: skip
         for name, (lo, hi) in checks.items():
             value = getattr(self, name)
+            if name == "ctx_per_seq" and type(value) is int and value == AUTOMATIC_CTX:
+                continue
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
         if self.kv_type not in KV_TYPES:

@@ -3,19 +3,32 @@
 The engine thread records after each step (a few appends under a lock); any thread may take a
 `snapshot()` at any time. Cumulative counters and bucketed histograms let /metrics export
 Prometheus series from snapshots alone, also when the engine runs in another process.
+
+For the dashboard's "now" the snapshot also carries:
+- `now`: throughput over the last NOW_S seconds, 0 as soon as nothing runs;
+- `windows`: throughput and TTFT/ITL percentiles over 30 s, 5 min and 1 h, each with a 30-point
+  chart (inference.engine.windows);
+- `steps`: the last engine steps that ended within STEPS_HORIZON_S, as compact columns (what
+  each step carried: decode tokens, prompt tokens, its seconds, its sequences), so a long
+  prompt can be watched being spread over steps beside a stream's decodes.
 """
 
 import bisect
 import threading
+import time
 from collections import deque
 
 from inference.engine.stats import distribution
+from inference.engine.windows import Windows
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
     0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0, float("inf"),
 )  # fmt: skip
 HISTOGRAMS = ("ttft", "itl", "queue_time", "prefill_time", "e2e")
+NOW_S = 2.0
+STEPS_KEPT = 300
+STEPS_HORIZON_S = 60.0
 
 
 class _Histogram:
@@ -49,26 +62,39 @@ class Telemetry:
         self._ttft: deque[float] = deque(maxlen=latency_samples)
         self._itl: deque[float] = deque(maxlen=latency_samples * 10)
         self._hist = {name: _Histogram() for name in HISTOGRAMS}
+        self._windows = Windows()
+        # (time, decode tokens, prompt tokens, step seconds, sequences in the batch)
+        self._recent_steps: deque[tuple[float, int, int, float, int]] = deque(maxlen=STEPS_KEPT)
         self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
         self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
 
-    def record_step(self, now: float, prompt: int, output: int, seqs: int, seconds: float) -> None:
+    def record_step(
+        self, now: float, prompt: int, output: int, seqs: int, seconds: float, decode: int = 0
+    ) -> None:
+        """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
+        tokens ran, `output` tokens were sampled (decodes and prompts that completed)."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
+            self._recent_steps.append((now, decode, prompt, seconds, seqs))
+            self._windows.record_step(now, prompt, output, seconds)
             self.totals["prompt_tokens"] += prompt
             self.totals["output_tokens"] += output
             horizon = now - self.window_s
             while self._steps and self._steps[0][0] < horizon:
                 self._steps.popleft()
 
-    def record_token_gap(self, seconds: float) -> None:
+    def record_token_gap(self, seconds: float, at: float | None = None) -> None:
         with self._lock:
             self._itl.append(seconds)
             self._hist["itl"].observe(seconds)
+            self._windows.record_itl(time.perf_counter() if at is None else at, seconds)
 
-    def record_first_token(self, ttft: float, queue_time: float, prefill_time: float) -> None:
+    def record_first_token(
+        self, ttft: float, queue_time: float, prefill_time: float, at: float | None = None
+    ) -> None:
         with self._lock:
             self._ttft.append(ttft)
+            self._windows.record_ttft(time.perf_counter() if at is None else at, ttft)
             self._hist["ttft"].observe(ttft)
             self._hist["queue_time"].observe(queue_time)
             self._hist["prefill_time"].observe(prefill_time)
@@ -77,6 +103,8 @@ class Telemetry:
         with self._lock:
             self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
             self.totals["cached_tokens"] += cached
+            if outcome != "rejected":
+                self._windows.record_end(time.perf_counter())
             if e2e is not None:
                 self._hist["e2e"].observe(e2e)
 
@@ -88,7 +116,10 @@ class Telemetry:
             histograms = {name: h.export() for name, h in self._hist.items()}
             totals = dict(self.totals)
             outcomes = dict(self.outcomes)
+            windows = self._windows.reading(now)
+            recent = [s for s in self._recent_steps if s[0] >= now - STEPS_HORIZON_S]
         busy = sum(s[4] for s in steps)
+        current = [s for s in steps if s[0] >= now - NOW_S]
         return {
             "window_s": self.window_s,
             "prompt_tps": sum(s[1] for s in steps) / self.window_s,
@@ -100,4 +131,17 @@ class Telemetry:
             "histograms": histograms,
             "totals": totals,
             "outcomes": outcomes,
+            "now": {
+                "seconds": NOW_S,
+                "prompt_tps": sum(s[1] for s in current) / NOW_S,
+                "output_tps": sum(s[2] for s in current) / NOW_S,
+            },
+            "windows": windows,
+            "steps": {
+                "ago": [round(now - s[0], 3) for s in recent],
+                "decode": [s[1] for s in recent],
+                "prompt": [s[2] for s in recent],
+                "ms": [round(s[3] * 1000.0, 2) for s in recent],
+                "seqs": [s[4] for s in recent],
+            },
         }

@@ -2,7 +2,8 @@
 
 Public interface:
     read_gguf(path) -> GGUFInfo      (raises GGUFError on anything it cannot trust)
-    render_chat(template, messages, *, bos_token, eos_token, add_generation_prompt, tools) -> str
+    render_chat(template, messages, *, bos_token, eos_token, add_generation_prompt, tools,
+                enable_thinking, reasoning_effort) -> str
         (raises ChatTemplateError; template None renders ChatML)
 """
 

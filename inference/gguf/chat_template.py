@@ -19,7 +19,9 @@ process with address-space, CPU and wall-clock limits, killed and replaced when 
 
 HF compatibility: trim_blocks and lstrip_blocks, the loopcontrols extension, a no-op
 `{% generation %}` tag, a `tojson` that keeps non-ASCII text, `raise_exception` and
-`strftime_now`; variables messages, tools, add_generation_prompt, bos_token, eos_token.
+`strftime_now`; variables messages, tools, add_generation_prompt, bos_token, eos_token, and
+the thinking switches enable_thinking (Qwen3) and reasoning_effort (gpt-oss), which are left
+undefined unless the request sets them, so that a template's `is defined` default holds.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def render_chat(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    enable_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
 ) -> str:
     """Render a conversation to a prompt with `template` (ChatML when None or empty)."""
     if template is not None and not isinstance(template, str):
@@ -83,6 +87,8 @@ def render_chat(
         "bos_token": bos_token,
         "eos_token": eos_token,
     }
+    switches = {"enable_thinking": enable_thinking, "reasoning_effort": reasoning_effort}
+    variables.update({name: value for name, value in switches.items() if value is not None})
     token = _BUDGET.set(_Budget(MAX_STEPS, time.monotonic() + MAX_RENDER_SECONDS))
     try:
         return _render(compiled, variables)

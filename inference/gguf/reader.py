@@ -25,7 +25,26 @@ from typing import Any, BinaryIO
 
 
 class GGUFError(ValueError):
-    """The file is not a GGUF file we accept; the message says what is wrong and where."""
+    """The file is not a GGUF file we accept; the message says what is wrong and where, and
+    `plain` says it for someone who does not read offsets (the pages show both)."""
+
+    plain = "this file is damaged or is not a model the appliance can read"
+
+
+class NotGGUF(GGUFError):
+    plain = "this file is not a GGUF model (it does not start with the GGUF signature)"
+
+
+class UnsupportedVersion(GGUFError):
+    plain = "this GGUF file has a format version the appliance cannot read (only 2 and 3)"
+
+
+class Truncated(GGUFError):
+    plain = "this file ends too early: it is incomplete (an interrupted copy or download?)"
+
+
+class Unreadable(GGUFError):
+    plain = "the file could not be read (it is missing, or the appliance may not open it)"
 
 
 GGUF_MAGIC = b"GGUF"
@@ -303,7 +322,7 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFInfo:
     except GGUFError:
         raise
     except OSError as e:
-        raise GGUFError(f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from e
+        raise Unreadable(f"cannot read {os.fspath(path)!r}: {e.strerror or e}") from e
     except Exception as e:  # a bug in the checks below; still a refusal, never a crash
         raise GGUFError(f"unexpected error reading {os.fspath(path)!r}: {e!r}") from e
 
@@ -329,7 +348,7 @@ class _Cursor:
                 f"{what} at offset {self.pos} ({n} bytes) goes past the limit on metadata "
                 f"({MAX_METADATA_BYTES} bytes)"
             )
-        raise GGUFError(
+        raise Truncated(
             f"{what} at offset {self.pos} needs {n} bytes but the file ends at "
             f"{self.file_size} bytes (truncated?)"
         )
@@ -338,7 +357,7 @@ class _Cursor:
         self.require(n, what)
         data = self._f.read(n)
         if len(data) != n:  # the file shrank under us
-            raise GGUFError(f"{what} at offset {self.pos}: the file ended early while reading")
+            raise Truncated(f"{what} at offset {self.pos}: the file ended early while reading")
         self.pos += n
         return data
 
@@ -392,17 +411,19 @@ def _parse(f: BinaryIO, file_size: int, path: str) -> GGUFInfo:
 
 def _read_header(cur: _Cursor) -> tuple[int, int, int]:
     if cur.file_size < _HEADER_BYTES:
-        raise GGUFError(
+        raise NotGGUF(
             f"not a GGUF file: it is {cur.file_size} bytes, shorter than the "
             f"{_HEADER_BYTES}-byte header (truncated?)"
         )
     magic = cur.read(4, "magic")
     if magic != GGUF_MAGIC:
-        raise GGUFError(f"not a GGUF file: bad magic {magic!r} at offset 0 (expected b'GGUF')")
+        raise NotGGUF(f"not a GGUF file: bad magic {magic!r} at offset 0 (expected b'GGUF')")
     version = cur.u32("version")
     if version not in SUPPORTED_VERSIONS:
         hint = " (a big-endian file?)" if version and version & 0xFFFF == 0 else ""
-        raise GGUFError(f"unsupported GGUF version {version} at offset 4{hint}; only 2 and 3 are")
+        raise UnsupportedVersion(
+            f"unsupported GGUF version {version} at offset 4{hint}; only 2 and 3 are"
+        )
     tensor_count = cur.u64("tensor count")
     kv_count = cur.u64("metadata count")
     if tensor_count > MAX_TENSORS:
@@ -427,7 +448,8 @@ def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict[str, Any], tuple[i
         try:
             key = _read_string(cur, "metadata key", MAX_STRING_BYTES, strict=True)
         except GGUFError as e:
-            raise GGUFError(f"metadata entry #{i}: {e}") from None
+            # type(e): the kind of failure (what `plain` says) survives the added context.
+            raise type(e)(f"metadata entry #{i}: {e}") from None
         try:
             if not key:
                 raise GGUFError(f"empty key at offset {start}")
@@ -441,7 +463,7 @@ def _read_metadata(cur: _Cursor, kv_count: int) -> tuple[dict[str, Any], tuple[i
                 length = value.length if isinstance(value, ArraySummary) else len(value)
                 tokens_at = (value_at + 12, length)
         except GGUFError as e:
-            raise GGUFError(f"metadata key {key!r}: {e}") from None
+            raise type(e)(f"metadata key {key!r}: {e}") from None
     return metadata, tokens_at
 
 
@@ -555,13 +577,13 @@ def _read_tensor_infos(cur: _Cursor, count: int, alignment: int) -> list[TensorI
         try:
             name = _read_string(cur, "tensor name", MAX_TENSOR_NAME_BYTES, strict=True)
         except GGUFError as e:
-            raise GGUFError(f"tensor #{i}: {e}") from None
+            raise type(e)(f"tensor #{i}: {e}") from None
         try:
             if not name or name in names:
                 raise GGUFError("the name is empty" if not name else "the name is a duplicate")
             tensors.append(_read_tensor_info(cur, name, alignment))
         except GGUFError as e:
-            raise GGUFError(f"tensor {name!r} (#{i}): {e}") from None
+            raise type(e)(f"tensor {name!r} (#{i}): {e}") from None
         names.add(name)
     return tensors
 
@@ -596,14 +618,14 @@ def _read_tensor_info(cur: _Cursor, name: str, alignment: int) -> TensorInfo:
 
 def _check_tensor_data(tensors: list[TensorInfo], data_offset: int, file_size: int) -> None:
     if tensors and data_offset > file_size:
-        raise GGUFError(
+        raise Truncated(
             f"the tensor data would start at offset {data_offset}, past the end of the file "
             f"({file_size} bytes)"
         )
     for t in tensors:
         start = data_offset + t.offset
         if start + t.nbytes > file_size:
-            raise GGUFError(
+            raise Truncated(
                 f"tensor {t.name!r} (offset {start}, {t.nbytes} bytes) runs past the end of the "
                 f"file ({file_size} bytes)"
             )

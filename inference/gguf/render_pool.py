@@ -64,6 +64,8 @@ class RenderRequest:
     eos_token: str = ""
     add_generation_prompt: bool = True
     tools: list[dict[str, Any]] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,11 +359,14 @@ def render_chat_isolated(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    enable_thinking: bool | None = None,
+    reasoning_effort: str | None = None,
 ) -> str:
     """render_chat, in a render process of the default pool (blocks up to ~5 s)."""
     if template is not None and not isinstance(template, str):
         raise ChatTemplateError(f"the chat template is a {type(template).__name__}, not text")
-    request = RenderRequest(template, messages, bos_token, eos_token, add_generation_prompt, tools)
+    request = RenderRequest(template, messages, bos_token, eos_token, add_generation_prompt, tools,
+                            enable_thinking, reasoning_effort)  # fmt: skip
     return default_pool().render(request)
 
 

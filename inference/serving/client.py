@@ -11,6 +11,9 @@ inference.engine.events defines them. It never raises for a request's own proble
 request (bad params, prompt too long, busy, load failure) is one error event with a `code`
 (invalid, too_long, busy, load_failed, unavailable) that the API maps to an HTTP status.
 Leaving the iteration early cancels the generation at once.
+
+`embed()` returns the vectors of an EmbedJob (inference.serving.embeds) as an EmbedResult, or
+raises EmbedError, whose `event` is the error event a refused generation would give.
 """
 
 import asyncio
@@ -22,6 +25,7 @@ from django.conf import settings
 
 from inference.engine.host import EngineHost, ModelSpec
 from inference.serving.core import serve
+from inference.serving.embeds import EmbedJob, EmbedResult, embed
 from inference.serving.feed import worker_snapshot
 from inference.serving.generation import Generation
 from inference.serving.supervisor import RunnerSupervisor
@@ -30,6 +34,7 @@ from inference.serving.supervisor import RunnerSupervisor
 class InferenceClient(Protocol):
     def stream(self, generation: Generation, spec: ModelSpec) -> AsyncIterator[dict]: ...
     async def cancel(self, request_id: str) -> None: ...
+    async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
     async def unload(self, name: str) -> bool: ...
     async def load(self, spec: ModelSpec) -> None: ...
     def snapshots(self) -> list[dict]: ...  # one per inference worker
@@ -45,12 +50,13 @@ def make_supervisor() -> RunnerSupervisor:
 
 def make_host(supervisor: RunnerSupervisor) -> EngineHost:
     """The serving host: every loaded model in a runner process of `supervisor`."""
-    from inference.preflight import preflight, validate  # GGUF check; memory vs free
+    from inference.preflight import fit, validate  # GGUF check; context sized, memory vs free
 
-    def fits_beside_the_loaded(spec: ModelSpec) -> None:
+    def fits_beside_the_loaded(spec: ModelSpec, replacing: ModelSpec | None = None) -> ModelSpec:
         # Runs under the host's load lock, after room was made: what is loaded now stays.
         others = [row for row in host.loaded() if row["name"] != spec.name]
-        preflight(spec, resident_bytes=sum(row["size_bytes"] for row in others))
+        return fit(spec, resident_bytes=sum(row["size_bytes"] for row in others),
+                   replacing=replacing)  # fmt: skip
 
     host = EngineHost(
         engine_factory=supervisor.start,
@@ -94,6 +100,9 @@ class EmbeddedClient:
         handle = self._handles.get(request_id)
         if handle is not None:
             handle.cancel()
+
+    async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult:
+        return await embed(self.host, job, spec)
 
     async def unload(self, name: str) -> bool:
         return await asyncio.to_thread(self.host.unload, name)

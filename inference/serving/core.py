@@ -2,8 +2,10 @@
 
     async for event in serve(host, generation, spec): ...
 
-1. Submit to the host in a thread (it may load the model first: seconds to minutes). If the
-   listener leaves during the load, the request is cancelled as soon as it exists.
+1. Submit to the host in a thread (it may load the model first: seconds to minutes). While a
+   load holds it up, one {"type": "phase", "phase": "loading", "request_id", "model"} event
+   says so (so a page can show "Loading model… (n s)"). If the listener leaves during the
+   load, the request is cancelled as soon as it exists.
 2. Forward the request's events as dicts (inference.engine.events), up to done or error.
 3. Leaving early (a stop, a disconnect, a full channel) cancels the request at once, so its
    sequence is freed; either way the model's keep-alive clock restarts from the answer's end.
@@ -27,8 +29,11 @@ from inference.engine import (
     event_to_dict,
 )
 from inference.engine.host import EngineHost, ModelBusy, ModelSpec
+from inference.memory import InsufficientMemory
 from inference.serving.generation import Generation
 from inference.serving.supervisor import RunnerBackoff
+
+LOADING_POLL_S = 0.25  # a submit that takes longer is checked for a load holding it up
 
 
 def error_event(request_id: str, code: str, message: str) -> dict:
@@ -46,7 +51,13 @@ def refusal(request_id: str, exc: Exception) -> dict:
         return error_event(request_id, "busy", str(exc))
     if isinstance(exc, EngineStopped | RunnerBackoff):
         return error_event(request_id, "unavailable", str(exc))
+    if isinstance(exc, InsufficientMemory):  # the numbers: what the load needs, what is free
+        return error_event(request_id, "no_memory", f"the model does not fit: {exc}")
     return error_event(request_id, "load_failed", f"the model could not be loaded: {exc}")
+
+
+def loading_event(request_id: str, model: str) -> dict:
+    return {"type": "phase", "phase": "loading", "request_id": request_id, "model": model}
 
 
 def _cancel_when_submitted(future: asyncio.Future) -> None:
@@ -70,9 +81,16 @@ async def serve(
             request_id=rid, cache_key=generation.cache_key,
             cache_partition=generation.cache_partition, add_special=generation.add_special,
         ))  # fmt: skip
+        announced = False
         try:
-            handle = await asyncio.shield(submitting)
-        except asyncio.CancelledError:
+            # asyncio.wait leaves `submitting` running when this task is cancelled.
+            while not (await asyncio.wait({submitting}, timeout=LOADING_POLL_S))[0]:
+                loading = host.loading  # this model, or one loading ahead of it
+                if not announced and loading is not None:
+                    announced = True
+                    yield loading_event(rid, loading)
+            handle = submitting.result()
+        except (asyncio.CancelledError, GeneratorExit):
             submitting.add_done_callback(_cancel_when_submitted)
             raise
     except TypeError as exc:  # an unknown sampling field

@@ -32,10 +32,12 @@ class Generation:
 
 
 def spec_to_dict(spec: ModelSpec) -> dict:
-    return {"name": spec.name, "keep_alive": spec.keep_alive, "config": asdict(spec.config)}
+    return {"name": spec.name, "keep_alive": spec.keep_alive, "config": asdict(spec.config),
+            "min_ctx": spec.min_ctx}  # fmt: skip
 
 
 def spec_from_dict(data: dict) -> ModelSpec:
     from inference.engine.runner_config import RunnerConfig
 
-    return ModelSpec(data["name"], RunnerConfig(**data["config"]), data["keep_alive"])
+    return ModelSpec(data["name"], RunnerConfig(**data["config"]), data["keep_alive"],
+                     min_ctx=int(data.get("min_ctx") or 0))  # fmt: skip

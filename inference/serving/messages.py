@@ -5,14 +5,16 @@ the engine's own event dataclasses. One exchange at a time per direction is neve
 the runner answers each Submit with Accepted or Refused carrying the request id, and events of
 many requests interleave on the same connection.
 
-    supervisor → runner: Launch (first), then Submit, Cancel, SnapshotRequest, Shutdown
+    supervisor → runner: Launch (first), then Submit, Cancel, Embed, SnapshotRequest, Shutdown
     runner → supervisor: Ready or LoadFailed (first), then Accepted, Refused, engine events,
+                         Embedded or EmbedFailed (the answer to an Embed),
                          Snapshot (the answer to a SnapshotRequest), Stopped (after Shutdown)
 """
 
 from dataclasses import dataclass, field
 from typing import Literal
 
+from inference.engine.embedding import Embedding
 from inference.engine.params import SamplingParams
 
 # A refusal's kind: how the supervisor raises it again on its side.
@@ -71,6 +73,30 @@ class Refused:
 @dataclass(slots=True, frozen=True)
 class Cancel:
     request_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class Embed:
+    """Embed these texts or token arrays (inference.engine.embedding); answered by Embedded or
+    EmbedFailed with the same request id, once the vectors are computed."""
+
+    request_id: str
+    inputs: list[str | list[int]]
+    truncate: bool = True
+
+
+@dataclass(slots=True, frozen=True)
+class Embedded:
+    request_id: str
+    embedding: Embedding
+
+
+@dataclass(slots=True, frozen=True)
+class EmbedFailed:
+    request_id: str
+    kind: RefusalKind
+    message: str
+    field: str | None = None  # the request field at fault, for kind "invalid"
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,8 +7,10 @@ FD is this end of a socket pair its supervisor made (inference.serving.runner_pr
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
-1. the main thread reads Submit / Cancel / SnapshotRequest / Shutdown, and answers each Submit
-   and SnapshotRequest at once (a snapshot only reads counters: it never waits for a step);
+1. the main thread reads Submit / Cancel / Embed / SnapshotRequest / Shutdown, and answers each
+   Submit and SnapshotRequest at once (a snapshot only reads counters: it never waits for a
+   step); an Embed is checked and tokenized here and answered when the engine thread has
+   computed it, between two steps;
 2. the engine thread sends every event of every request the moment it happens.
 
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
@@ -70,6 +72,26 @@ def refusal(request_id: str, exc: Exception) -> m.Refused:
     return m.Refused(request_id, "error", str(exc) or type(exc).__name__)
 
 
+def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:
+    """Start an Embed; its answer goes out when the engine thread has computed it."""
+    rid = message.request_id
+
+    def failed(exc: BaseException) -> m.EmbedFailed:
+        refused = refusal(rid, exc)
+        return m.EmbedFailed(rid, refused.kind, refused.message, refused.field)
+
+    def answer(future) -> None:
+        exc = future.exception()
+        outbox.send(failed(exc) if exc is not None else m.Embedded(rid, future.result()))
+
+    try:
+        future = engine.embed(message.inputs, truncate=message.truncate)
+    except Exception as exc:  # noqa: BLE001 - every refusal is an answer
+        outbox.send(failed(exc))
+    else:
+        future.add_done_callback(answer)
+
+
 def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
     while True:
         try:
@@ -94,6 +116,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
                 outbox.send(m.Accepted(message.request_id))
         elif isinstance(message, m.Cancel):
             engine.cancel(message.request_id)
+        elif isinstance(message, m.Embed):
+            embed(engine, message, outbox)
         elif isinstance(message, m.SnapshotRequest):
             outbox.send(m.Snapshot(message.serial, engine.snapshot()))
         elif isinstance(message, m.Shutdown):

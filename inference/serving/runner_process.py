@@ -7,7 +7,8 @@ as it kept in-process engines. Behind it:
 - the runner is `python -m inference.serving.runner_main FD`, a fresh interpreter (not a fork
   of a process with threads and an event loop), talking over a socket pair;
 - a reader thread takes every message off the connection: engine events go to their request's
-  RequestHandle, so callers read events exactly as from an in-process engine;
+  RequestHandle, so callers read events exactly as from an in-process engine, and the answer
+  to an Embed settles the Future that `embed()` returned;
 - when the connection ends without a Shutdown (the runner died: any signal, any exit), every
   request it held ends at once with an ErrorEvent that says how ("killed by signal 11 (SIGSEGV)
   during decode"), and `exit` records it for the supervisor.
@@ -23,11 +24,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 from inference.engine import EngineStopped, InvalidParams, PromptTooLong, QueueFull
+from inference.engine.embedding import EmbeddingFailed
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
 from inference.engine.params import SamplingParams
 from inference.serving import messages as m
@@ -135,6 +138,7 @@ class RunnerProcess:
         self._phases: dict[str, str] = {}
         self._pending: dict[str, _Pending] = {}
         self._early: dict[str, list[Event]] = {}  # events that overtook their Accepted
+        self._embeds: dict[str, Future] = {}  # Embeds sent and not yet answered
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._load_failure: str | None = None
@@ -236,6 +240,19 @@ class RunnerProcess:
     def cancel(self, request_id: str) -> None:
         self._send(m.Cancel(request_id))
 
+    def embed(self, inputs: list[str | list[int]], *, truncate: bool = True) -> Future:
+        """Embed texts or token arrays in the runner (Engine.embed there); the Future's result
+        is an Embedding, or the exception Engine.embed raised, or EngineStopped if the runner
+        dies first. The runner reads as busy until it answers."""
+        request_id = uuid.uuid4().hex
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                raise EngineStopped(self._stopped_message())
+            self._embeds[request_id] = future
+        self._send(m.Embed(request_id, list(inputs), truncate))
+        return future
+
     def _forget(self, request_id: str) -> None:
         with self._lock:
             self._pending.pop(request_id, None)
@@ -252,7 +269,7 @@ class RunnerProcess:
     @property
     def busy(self) -> bool:
         with self._lock:
-            return bool(self._handles)
+            return bool(self._handles or self._embeds)
 
     def info(self) -> dict:
         return dict(self._info)
@@ -293,6 +310,8 @@ class RunnerProcess:
                         answered = self._snapshot_waits.get(message.serial)
                     if answered is not None:
                         answered.set()
+                elif isinstance(message, m.Embedded | m.EmbedFailed):
+                    self._on_embedded(message)
                 elif isinstance(message, m.Accepted | m.Refused):
                     self._on_answer(message)
                 elif isinstance(message, m.Ready):
@@ -342,6 +361,21 @@ class RunnerProcess:
             self._on_event(event)
         pending.done.set()
 
+    def _on_embedded(self, answer: m.Embedded | m.EmbedFailed) -> None:
+        with self._lock:
+            future = self._embeds.pop(answer.request_id, None)
+            self.last_active = time.perf_counter()
+        if future is None or future.done():
+            return
+        if isinstance(answer, m.Embedded):
+            self.answered += 1  # its kernels ran: the runner really works here
+            future.set_result(answer.embedding)
+        elif answer.kind == "error":
+            future.set_exception(EmbeddingFailed(answer.message))
+        else:
+            refused = m.Refused(answer.request_id, answer.kind, answer.message, answer.field)
+            future.set_exception(_refusal_error(refused))
+
     def _on_connection_closed(self) -> None:
         returncode = None
         if self._proc is not None:
@@ -355,6 +389,8 @@ class RunnerProcess:
             self.exit = RunnerExit(returncode, phase, self._stopping, time.time())
             handles = list(self._handles.items())
             pending = list(self._pending.values())
+            embeds = list(self._embeds.values())
+            self._embeds.clear()
             self._handles.clear()
             self._pending.clear()
             self._early.clear()
@@ -362,6 +398,12 @@ class RunnerProcess:
             log.error("runner for %s (pid %s) %s", self.name, self.pid, self.exit.reason)
         for request_id, handle in handles:
             handle.deliver(self._death_event(request_id))
+        for future in embeds:
+            requested = self.exit.requested
+            future.set_exception(EngineStopped(
+                f"{self.name} was unloaded while embedding" if requested
+                else self.exit.sentence(self.name)
+            ))  # fmt: skip
         for waiting in pending:
             waiting.refusal = m.Refused("", "stopped", self._stopped_message())
             waiting.done.set()

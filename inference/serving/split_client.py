@@ -14,6 +14,9 @@ A request, step by step:
 3. Leaving early (the consumer went away, a stop, a client-side error) marks the request closed
    and publishes its id on appliance:cancel: the worker running it cancels it, and a worker
    that picks it from the queue later does not run it.
+
+Embeddings (`embed()`) go the same way as task "inference.embed": published as in 1, watched
+as in 2, answered by one "done" message that carries the vectors.
 """
 
 import asyncio
@@ -34,6 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from inference.engine.host import ModelBusy, ModelSpec
 from inference.serving import split_protocol as protocol
 from inference.serving.core import error_event
+from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
 from inference.serving.generation import Generation, spec_to_dict
 from inference.serving.worker_control import REPLY_PREFIX
 
@@ -128,12 +132,12 @@ class SplitClient:
                 self._broker = connection.Pool(limit=BROKER_POOL_LIMIT)
             return self._broker
 
-    def _publish(self, payload: dict, request_id: str) -> None:
+    def _publish(self, payload: dict, request_id: str, task: str = "inference.generate") -> None:
         from appliance.celery import app
 
         with self._broker_pool().acquire(block=True, timeout=PUBLISH_TIMEOUT_S) as connection:
             app.send_task(
-                "inference.generate", args=[payload], task_id=request_id, queue=protocol.QUEUE,
+                task, args=[payload], task_id=request_id, queue=protocol.QUEUE,
                 connection=connection, retry=True, retry_policy=PUBLISH_RETRY,
                 ignore_result=True,
             )  # fmt: skip
@@ -239,6 +243,36 @@ class SplitClient:
             state.request_id, "unavailable",
             f"the inference worker stopped while answering (worker {state.worker})",
         ), False  # fmt: skip
+
+    async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult:
+        """Embeddings through the task "inference.embed": published and watched as a
+        generation is (steps 1 and 2), answered by one "done" message carrying the vectors."""
+        rid = job.request_id
+        layer = self._layer()
+        reply = await layer.new_channel()
+        payload = {"job": job.to_dict(), "spec": spec_to_dict(spec), "reply": reply}
+        state = _Stream(rid)
+        self._streams[rid] = state
+        try:
+            try:
+                await asyncio.wait_for(
+                    asyncio.to_thread(self._publish, payload, rid, "inference.embed"),
+                    PUBLISH_TIMEOUT_S,
+                )
+            except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
+                raise EmbedError(broker_unreachable(rid, exc)) from None
+            async for message in self._relay(layer, reply, state):
+                if message.get("type") == "done" and "embedding" in message:
+                    return EmbedResult.from_dict(message["embedding"])
+                if message.get("type") in FINAL:
+                    break
+            else:
+                message = error_event(rid, "unavailable", "the inference worker gave no answer")
+            if message.get("type") != "error":
+                message = error_event(rid, "unavailable", "the embedding was not computed")
+            raise EmbedError(message)
+        finally:
+            self._streams.pop(rid, None)
 
     # --- 3. cancelling ---------------------------------------------------------------------------
 

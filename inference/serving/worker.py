@@ -18,6 +18,9 @@ A task, step by step:
 3. Serve it through the serving core (loading the model if needed) and forward every event;
    the first token sets appliance:req:<id>:started.
 4. Mark the request closed so that a late redelivery of this task does nothing.
+
+"inference.embed" (embeddings, inference.serving.embeds) is claimed the same way and answered
+with one message; it keeps no marks, as computing the same vectors twice harms nobody.
 """
 
 import asyncio
@@ -33,6 +36,8 @@ from django.conf import settings
 
 from inference.serving.core import error_event
 from inference.serving.core import serve as serve_generation
+from inference.serving.embeds import EmbedError, EmbedJob
+from inference.serving.embeds import embed as serve_embed
 from inference.serving.generation import Generation, spec_from_dict
 from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event
 from inference.serving.worker_state import WorkerRuntime
@@ -101,6 +106,47 @@ def generate(payload: dict) -> None:
     """Answer one request: payload = {"generation": Generation.to_dict(), "spec":
     spec_to_dict(spec), "reply": channel name}."""
     serve(runtime(), payload)
+
+
+@shared_task(
+    name="inference.embed",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    time_limit=GENERATE_TIME_LIMIT_S,
+)
+def embed(payload: dict) -> None:
+    """Embed one request's inputs: payload = {"job": EmbedJob.to_dict(), "spec":
+    spec_to_dict(spec), "reply": channel name}. Claimed like a generation, then one "done"
+    message with the vectors (EmbedResult.to_dict()) or an error event. Computing them twice
+    after a redelivery is harmless, so no marks are kept."""
+    reply = payload.get("reply") if isinstance(payload, dict) else None
+    if not isinstance(reply, str) or not reply:
+        log.error("dropping an embed task without a reply channel")
+        return
+    asyncio.run(_embed(runtime(), payload, reply))
+
+
+async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
+    layer = get_channel_layer()
+    raw = payload.get("job")
+    rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
+    try:
+        job = EmbedJob(**raw)
+        spec = spec_from_dict(payload["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        await layer.send(reply, error_event(rid, "invalid", f"malformed request: {exc}"))
+        return
+    await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
+    try:
+        result = await serve_embed(rt.host, job, spec)
+        answer = {"type": "done", "request_id": rid, "embedding": result.to_dict()}
+    except EmbedError as exc:
+        answer = exc.event
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
+        log.exception("%s failed", rid)
+        answer = error_event(rid, "unavailable", f"the worker failed: {exc}")
+    await layer.send(reply, answer)
 
 
 def serve(rt: WorkerRuntime, payload: dict) -> None:

@@ -1,80 +1,100 @@
 /* The chat page: one WebSocket to /ws/chat/, answers streamed token by token.
-   Frames are documented in dashboard/consumers.py. */
+   Frames are documented in dashboard/consumers.py. An answer belongs to its conversation, not
+   to this page: after a reload or a lost connection the page attaches to it again. */
 (function () {
   "use strict";
 
   const data = JSON.parse(document.getElementById("chat-data").textContent);
+  const F = window.ChatFigures;
   const $ = (id) => document.getElementById(id);
   const els = {
     messages: $("messages"), prompt: $("prompt"), send: $("send"), stop: $("stop"),
     status: $("status"), model: $("model"), system: $("system-prompt"), title: $("chat-title"),
     list: $("conversation-list"), hint: $("empty-hint"), composer: $("composer"),
+    counter: $("counter"), jump: $("jump"), rename: $("rename"), renameForm: $("rename-form"),
+    renameInput: $("rename-input"), renameCancel: $("rename-cancel"),
   };
 
   let conversationId = data.conversation ? data.conversation.id : null;
+  let contextStart = data.context_start || null; // the first message the model still reads
   let socket = null;
   let reconnectDelay = 500;
   let streaming = null; // the assistant message view being written
-  let awaiting = null; // the content of a sent message the server has not confirmed yet
-  const views = []; // message views in page order
+  let awaiting = null; // {content, kind} of a sent frame the server has not confirmed yet
+  let follow = true; // the view follows the stream until the reader scrolls up
+  let views = []; // message views of the branch on show, in page order
+  let statusFrame = null;
+  let statusSince = 0;
+  let statusTimer = null;
 
-  const PHASES = {
-    waiting: "Waiting for a free slot…",
-    prefilling: "Reading the prompt…",
-    decoding: "Writing…",
-  };
+  // --- message views ---------------------------------------------------------------------------
 
-  // --- numbers ---------------------------------------------------------------------------------
-
-  function seconds(value) {
-    if (value === null || value === undefined) return "–";
-    return value < 1 ? Math.round(value * 1000) + " ms" : value.toFixed(2) + " s";
-  }
-
-  function rate(value) {
-    if (value === null || value === undefined) return "–";
-    return (value >= 100 ? Math.round(value) : value.toFixed(1)) + " tok/s";
-  }
-
-  // --- message views -------------------------------------------------------------------------
-
-  function chip(label, value, title) {
-    const item = document.createElement("span");
-    item.className = "chip";
-    item.title = title;
-    const name = document.createElement("b");
-    name.textContent = label;
-    item.append(name, " " + value);
-    return item;
+  function button(text, className, onClick, title) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "link " + className;
+    b.textContent = text;
+    if (title) b.title = title;
+    b.addEventListener("click", onClick);
+    return b;
   }
 
   function createView(message) {
     const root = document.createElement("article");
     root.className = "msg msg-" + message.role;
     root.dataset.id = message.id || "";
+    const thinking = document.createElement("details");
+    thinking.className = "thinking";
+    thinking.hidden = true;
+    const thinkingSummary = document.createElement("summary");
+    const thinkingBody = document.createElement("div");
+    thinkingBody.className = "thinking-body";
+    thinking.append(thinkingSummary, thinkingBody);
     const body = document.createElement("div");
     body.className = "msg-body";
     const meta = document.createElement("div");
     meta.className = "msg-meta";
-    root.append(body, meta);
-    const view = { root, body, meta, message, renderQueued: false };
+    root.append(thinking, body, meta);
+    message.thinking = message.thinking || "";
+    const view = { root, body, meta, thinking, thinkingSummary, thinkingBody, message, renderQueued: false };
     renderBody(view);
     renderMeta(view);
     return view;
   }
 
+  function renderThinking(view) {
+    const { message } = view;
+    view.thinking.hidden = !message.thinking;
+    if (!message.thinking) return;
+    view.thinkingBody.textContent = message.thinking; // the model's reasoning, as plain text
+    const spent = (message.figures || {}).thinking_s;
+    if (message.state === "streaming" && !message.content) {
+      view.thinkingSummary.textContent = "Thinking…";
+    } else {
+      view.thinkingSummary.textContent = spent ? "Thought for " + Math.max(1, Math.round(spent)) + " s" : "Thoughts";
+    }
+  }
+
   function renderBody(view) {
     const { message } = view;
-    if (message.role === "assistant") {
-      window.Markdown.renderInto(view.body, message.content);
-      if (message.state === "streaming") {
-        const caret = document.createElement("span");
-        caret.className = "caret";
-        caret.setAttribute("aria-hidden", "true");
-        (view.body.lastElementChild || view.body).append(caret);
-      }
-    } else {
+    renderThinking(view);
+    if (message.role !== "assistant") {
       view.body.textContent = message.content; // the user's own words, shown as typed
+      return;
+    }
+    window.Markdown.renderInto(view.body, message.content);
+    const live = message.state === "streaming";
+    view.body.querySelectorAll("pre").forEach((pre) => {
+      const code = pre.querySelector("code");
+      // Highlighting a growing block on every token would cost more than it shows.
+      if (code && !live && window.hljs) window.hljs.highlightElement(code);
+      pre.append(copyButton(() => (code || pre).textContent, "copy-code", "Copy code"));
+    });
+    if (live) {
+      const caret = document.createElement("span");
+      caret.className = "caret";
+      caret.setAttribute("aria-hidden", "true");
+      (view.body.lastElementChild || view.body).append(caret);
     }
   }
 
@@ -84,51 +104,143 @@
     requestAnimationFrame(() => {
       view.renderQueued = false;
       renderBody(view);
-      scrollToEnd();
+      followStream();
     });
   }
 
-  function renderMeta(view) {
-    const { message, meta } = view;
-    meta.replaceChildren();
-    if (message.role !== "assistant") return;
-    const f = message.figures || {};
-    if (message.state === "streaming") return;
-    if (message.state === "stopped") {
-      meta.append(note("stopped", "Stopped (" + (message.error || "stopped") + "). The answer so far is kept."));
-    } else if (message.state === "failed") {
-      meta.append(note("failed", "Failed: " + (message.error || "the model could not answer") +
-        (message.content ? " The answer so far is kept." : "")));
-    } else if (f.finish_reason === "length") {
-      meta.append(note("length", "Cut off at the answer length limit."));
+  // --- copy --------------------------------------------------------------------------------------
+
+  async function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      await navigator.clipboard.writeText(text);
+      return;
     }
-    if (f.ttft !== undefined || f.output_tokens !== undefined) {
-      const chips = document.createElement("div");
-      chips.className = "chips figures";
-      chips.append(
-        chip("TTFT", seconds(f.ttft), "Time to first token: accepted → first token (queue + load + prompt reading)"),
-        chip("prompt", rate(f.prompt_tps), "Prompt processing speed (prefill): new prompt tokens / prefill time"),
-        chip("decode", rate(f.decode_tps), "Generation speed (decode): one token after another"),
-        chip("tokens", (f.prompt_tokens ?? "–") + " in · " + (f.cached_tokens ?? "–") + " cached · " +
-          (f.output_tokens ?? "–") + " out", "Prompt tokens, of which reused from the prefix cache, and output tokens"),
-      );
-      meta.append(chips);
-    }
-    if (isLast(view) && !streaming && message.content !== undefined) {
-      const again = document.createElement("button");
-      again.type = "button";
-      again.className = "link regenerate";
-      again.textContent = "↻ Regenerate";
-      again.addEventListener("click", regenerate);
-      meta.append(again);
-    }
+    // Plain http on the LAN is no secure context: the old way still works there.
+    const area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "offscreen";
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    if (!ok) throw new Error("copy refused");
   }
+
+  function copyButton(getText, className, label) {
+    const b = button(label, "copy " + className, async () => {
+      try {
+        await copyText(getText());
+        b.textContent = "Copied";
+        b.dataset.copied = "true";
+      } catch (err) {
+        b.textContent = "Copy failed";
+      }
+      setTimeout(() => { b.textContent = label; delete b.dataset.copied; }, 1500);
+    });
+    return b;
+  }
+
+  // --- the line under a message ---------------------------------------------------------------
 
   function note(kind, text) {
     const p = document.createElement("p");
     p.className = "note note-" + kind;
     p.textContent = text;
     return p;
+  }
+
+  function chipsFor(view) {
+    const chips = F.figureChips(view.message.figures);
+    if (!chips.length) return null;
+    const row = document.createElement("div");
+    row.className = "chips figures";
+    const explain = document.createElement("p");
+    explain.className = "explain";
+    explain.hidden = true;
+    chips.forEach((c) => {
+      const item = document.createElement("button");
+      item.type = "button";
+      item.className = "chip";
+      item.setAttribute("aria-expanded", "false");
+      const name = document.createElement("b");
+      name.textContent = c.label;
+      item.append(name, " " + c.value);
+      item.addEventListener("click", () => {
+        const open = item.getAttribute("aria-expanded") === "true";
+        row.querySelectorAll(".chip").forEach((other) => other.setAttribute("aria-expanded", "false"));
+        explain.hidden = open;
+        if (!open) {
+          item.setAttribute("aria-expanded", "true");
+          explain.textContent = c.explain;
+        }
+      });
+      row.append(item);
+    });
+    const box = document.createElement("div");
+    box.className = "figures-box";
+    box.append(row, explain);
+    return box;
+  }
+
+  function versionsNav(view) {
+    const ids = view.message.versions || [];
+    const index = ids.indexOf(view.message.id);
+    if (ids.length < 2 || index < 0) return null;
+    const nav = document.createElement("span");
+    nav.className = "versions";
+    const label = document.createElement("span");
+    label.textContent = index + 1 + "/" + ids.length;
+    const prev = button("‹", "version-prev", () => switchTo(ids[index - 1]), "Previous version");
+    const next = button("›", "version-next", () => switchTo(ids[index + 1]), "Next version");
+    prev.disabled = index === 0 || !!streaming;
+    next.disabled = index === ids.length - 1 || !!streaming;
+    nav.append(prev, label, next);
+    return nav;
+  }
+
+  function canContinue(message) {
+    const f = message.figures || {};
+    return !!message.content && (message.state === "stopped" || message.state === "failed" ||
+      f.finish_reason === "length");
+  }
+
+  function renderMeta(view) {
+    const { message, meta } = view;
+    meta.replaceChildren();
+    const actions = document.createElement("div");
+    actions.className = "actions";
+    const nav = versionsNav(view);
+    if (message.role === "user") {
+      if (nav) actions.append(nav);
+      if (!streaming && message.id) actions.append(button("Edit", "edit", () => startEdit(view), "Edit and resend"));
+      if (actions.childElementCount) meta.append(actions);
+      return;
+    }
+    if (message.state === "streaming") return;
+    if (message.state === "stopped") {
+      meta.append(note("stopped", "Stopped (" + (message.error || "stopped") + "). The answer so far is kept."));
+    } else if (message.state === "failed") {
+      meta.append(note("failed", "Failed: " + (message.error || "the model could not answer") +
+        (message.content ? " The answer so far is kept." : "")));
+    } else if ((message.figures || {}).finish_reason === "length") {
+      meta.append(note("length", "Cut off at the answer length limit."));
+    }
+    if (message.model) {
+      const who = document.createElement("span");
+      who.className = "model-name";
+      who.textContent = message.model;
+      meta.append(who);
+    }
+    const chips = chipsFor(view);
+    if (chips) meta.append(chips);
+    if (nav) actions.append(nav);
+    if (message.content) actions.append(copyButton(() => message.content, "copy-answer", "Copy"));
+    if (isLast(view) && !streaming) {
+      if (canContinue(message)) actions.append(button("Continue", "continue", continueAnswer, "Let the model write on"));
+      actions.append(button("↻ Regenerate", "regenerate", regenerate, "A new answer; this one stays as a version"));
+    }
+    if (actions.childElementCount) meta.append(actions);
   }
 
   function isLast(view) {
@@ -140,26 +252,72 @@
     views.push(view);
     els.messages.append(view.root);
     els.hint.hidden = true;
-    refreshLastMeta();
     return view;
   }
 
-  function removeView(id) {
-    const index = views.findIndex((v) => String(v.message.id) === String(id));
-    if (index < 0) return;
-    views[index].root.remove();
-    views.splice(index, 1);
+  function refreshMeta() {
+    views.forEach(renderMeta);
+    placeLeftOut();
   }
 
-  function refreshLastMeta() {
-    views.forEach((v, i) => { if (i >= views.length - 2) renderMeta(v); });
+  function showBranch(messages, start) {
+    views.forEach((v) => v.root.remove());
+    views = [];
+    contextStart = start || null;
+    messages.forEach((m) => addView(m));
+    els.hint.hidden = views.length > 0;
+    refreshMeta();
+    updateCounter();
+  }
+
+  function truncateFrom(id) {
+    const index = views.findIndex((v) => String(v.message.id) === String(id));
+    if (index < 0) return;
+    views.slice(index).forEach((v) => v.root.remove());
+    views = views.slice(0, index);
+  }
+
+  // The marker above the first message the model still reads, when older ones were left out.
+  function placeLeftOut() {
+    const old = els.messages.querySelector(".left-out");
+    if (old) old.remove();
+    if (!contextStart) return;
+    const first = views.find((v) => String(v.message.id) === String(contextStart));
+    if (!first) return;
+    const count = views.indexOf(first);
+    const marker = document.createElement("p");
+    marker.className = "left-out";
+    marker.textContent = "The conversation outgrew the model's context: the " + count + " message" +
+      (count === 1 ? "" : "s") + " above " + (count === 1 ? "is" : "are") +
+      " no longer sent to the model (a system prompt still is).";
+    els.messages.insertBefore(marker, first.root);
+  }
+
+  // --- following the stream ------------------------------------------------------------------
+
+  function atBottom() {
+    const m = els.messages;
+    return m.scrollHeight - m.scrollTop - m.clientHeight < 48;
   }
 
   function scrollToEnd() {
     els.messages.scrollTop = els.messages.scrollHeight;
+    follow = true;
+    els.jump.hidden = true;
   }
 
-  // --- state of the page ----------------------------------------------------------------------
+  function followStream() {
+    if (follow) scrollToEnd();
+    else els.jump.hidden = false;
+  }
+
+  els.messages.addEventListener("scroll", () => {
+    follow = atBottom();
+    if (follow) els.jump.hidden = true;
+  }, { passive: true });
+  els.jump.addEventListener("click", scrollToEnd);
+
+  // --- the status line and the composer ---------------------------------------------------------
 
   function setBusy(busy) {
     els.send.hidden = busy;
@@ -168,14 +326,98 @@
   }
 
   function setStatus(text, kind) {
+    stopStatusClock();
     els.status.textContent = text || "";
     els.status.className = "status" + (kind ? " status-" + kind : "");
   }
 
+  function stopStatusClock() {
+    if (statusTimer) clearInterval(statusTimer);
+    statusTimer = null;
+  }
+
+  // Waiting states tick in seconds, so a long load reads as progress, not as a hang.
+  function showEngineStatus(frame) {
+    const sameWait = statusFrame && frame && statusFrame.phase === frame.phase;
+    statusFrame = frame;
+    if (!sameWait) statusSince = Date.now();
+    const draw = () => {
+      let text;
+      const waited = Math.round((Date.now() - statusSince) / 1000);
+      if (!frame) {
+        text = "Starting…" + (waited >= 2 ? " (the model may be loading) " + waited + " s" : "");
+      } else {
+        text = F.statusText(frame);
+        if (frame.phase === "loading" || (frame.phase === "waiting" && frame.type === "phase") ||
+          (frame.phase === "prefilling" && frame.type === "phase")) {
+          if (waited >= 1) text += " (" + waited + " s)";
+        }
+      }
+      els.status.textContent = text;
+    };
+    stopStatusClock();
+    els.status.className = "status";
+    draw();
+    if (!frame || frame.phase !== "decoding") statusTimer = setInterval(draw, 1000);
+  }
+
+  function chosenContext() {
+    return (data.contexts || {})[els.model.value] || null;
+  }
+
+  // Characters per token, from what this conversation's answers measured (3 when none did).
+  function charsPerToken() {
+    let chars = 0, tokens = 0;
+    views.forEach((v) => {
+      const t = (v.message.figures || {}).answer_tokens || (v.message.figures || {}).output_tokens;
+      if (v.message.role === "assistant" && t) { chars += v.message.content.length; tokens += t; }
+    });
+    return tokens >= 32 ? Math.min(6, Math.max(1.5, chars / tokens)) : 3;
+  }
+
+  /* The composer's token counter. Exact for what was measured (the last answer's prompt and
+     output tokens), estimated for the rest: labelled "≈". The web process has no tokenizer. */
+  function updateCounter() {
+    const text = els.prompt.value;
+    const limit = data.max_content_chars;
+    if (text.length > limit) {
+      els.counter.textContent = "This message has " + F.number(text.length) + " characters; the most is " +
+        F.number(limit) + ". Shorten it or send it in parts (nothing was cut).";
+      els.counter.className = "counter counter-over";
+      els.send.disabled = true;
+      return;
+    }
+    els.send.disabled = false;
+    const ratio = charsPerToken();
+    let base = 0;
+    let i = views.length - 1;
+    for (; i >= 0; i--) {
+      const f = views[i].message.figures || {};
+      if (views[i].message.role === "assistant" && f.prompt_tokens) { base = f.prompt_tokens + (f.output_tokens || 0); break; }
+    }
+    if (i < 0) base = Math.ceil(((els.system.value || "").length) / ratio);
+    views.slice(i + 1).forEach((v) => { base += Math.ceil(v.message.content.length / ratio) + 8; });
+    const adding = text ? Math.ceil(text.length / ratio) + 8 : 0;
+    const total = base + adding;
+    const ctx = chosenContext();
+    if (!ctx) { els.counter.textContent = ""; els.counter.className = "counter"; return; }
+    let words = "≈ " + F.number(total) + " / " + F.number(ctx) + " tokens";
+    let kind = "";
+    if (adding >= ctx) {
+      words += ": this message alone is likely too long for the model's context";
+      kind = "over";
+    } else if (total > ctx * 0.75) {
+      words += ": older turns will be left out to make room";
+      kind = "near";
+    }
+    els.counter.textContent = words;
+    els.counter.className = "counter" + (kind ? " counter-" + kind : "");
+  }
+
   function showConversation(frame) {
-    const isNew = conversationId !== frame.id;
     conversationId = frame.id;
     els.title.textContent = frame.title;
+    els.rename.hidden = false;
     document.title = frame.title + " · Home-lab AI";
     const url = "/c/" + frame.id + "/";
     if (location.pathname !== url) history.replaceState(null, "", url);
@@ -193,7 +435,6 @@
     els.list.prepend(link.parentElement); // the most recent first, as on reload
     els.list.querySelectorAll("a").forEach((a) => a.removeAttribute("aria-current"));
     link.setAttribute("aria-current", "page");
-    return isNew;
   }
 
   // --- the socket ------------------------------------------------------------------------------
@@ -204,6 +445,8 @@
     socket.addEventListener("open", () => {
       reconnectDelay = 500;
       if (!streaming) setStatus("");
+      // A reload (or a lost connection) mid-answer: pick the answer up where it is now.
+      if (conversationId) sendFrame({ type: "attach", conversation: conversationId });
     });
     socket.addEventListener("message", (event) => handle(JSON.parse(event.data)));
     socket.addEventListener("close", (event) => {
@@ -211,11 +454,8 @@
         setStatus("You are logged out. Reload the page to log in again.", "error");
         return;
       }
-      if (streaming) {
-        streaming.message.state = "stopped";
-        streaming.message.error = "the connection was lost";
-        finishStreaming();
-      }
+      if (event.code === 4429) return; // the "too many chats" error frame says why
+      // The answer goes on on the server; the next socket attaches to it.
       awaiting = null;
       setStatus("Connection lost; reconnecting…", "error");
       setTimeout(connect, reconnectDelay);
@@ -235,87 +475,215 @@
   function handle(frame) {
     switch (frame.type) {
       case "conversation": return onConversation(frame);
-      case "phase": return setStatus(PHASES[frame.phase] || "");
+      case "snapshot": return onSnapshot(frame);
+      case "phase":
+      case "progress":
+        if (streaming) showEngineStatus(frame);
+        return;
+      case "thinking":
+        if (streaming) {
+          streaming.message.thinking += frame.text;
+          queueRender(streaming);
+        }
+        return;
       case "token":
         if (streaming) {
+          if (statusFrame && statusFrame.phase !== "decoding") showEngineStatus({ type: "phase", phase: "decoding" });
           streaming.message.content += frame.text;
           queueRender(streaming);
         }
         return;
       case "done": return onDone(frame);
       case "error": return onError(frame);
+      case "attached": return onAttached(frame);
+      case "branch":
+        if (frame.id === conversationId) showBranch(frame.messages, frame.context_start);
+        return;
+      case "renamed": return onRenamed(frame);
     }
   }
 
   function onConversation(frame) {
     showConversation(frame);
-    if (frame.replaced_message_id) removeView(frame.replaced_message_id);
-    if (awaiting !== null && frame.user_message_id) {
-      addView({ id: frame.user_message_id, role: "user", content: awaiting });
-      els.prompt.value = "";
+    contextStart = frame.context_start || null;
+    if (frame.truncate_from) truncateFrom(frame.truncate_from);
+    const existing = views.find((v) => String(v.message.id) === String(frame.message_id));
+    if (existing && (frame.kind === "continue" || frame.attached)) {
+      streaming = existing; // writes on in place
+    } else {
+      if (frame.replaced_message_id) {
+        // The old answer stays as a version; the new one takes its place on the page.
+        const old = views.find((v) => String(v.message.id) === String(frame.replaced_message_id));
+        if (old) { old.root.remove(); views = views.filter((v) => v !== old); }
+      }
+      if (awaiting !== null && frame.user_message_id) {
+        const siblings = awaiting.versions || [];
+        addView({ id: frame.user_message_id, role: "user", content: awaiting.content,
+          versions: siblings.length ? siblings.concat([frame.user_message_id]) : [] });
+        els.prompt.value = awaiting.fromComposer ? "" : els.prompt.value;
+      }
+      const versions = frame.replaced_message_id ? versionIdsOf(frame.replaced_message_id).concat([frame.message_id]) : [];
+      streaming = addView({ id: frame.message_id, role: "assistant", content: "", state: "streaming",
+        figures: {}, model: frame.model, versions });
     }
     awaiting = null;
-    streaming = addView({ id: frame.message_id, role: "assistant", content: "", state: "streaming", figures: {} });
+    streaming.message.state = "streaming";
+    streaming.message.model = frame.model;
+    renderBody(streaming);
     setBusy(true);
-    setStatus("Sent…");
+    refreshMeta();
+    showEngineStatus(null);
     scrollToEnd();
+    updateCounter();
+  }
+
+  let replacedVersions = {}; // message id -> its versions, remembered when its view goes
+  function versionIdsOf(id) {
+    return replacedVersions[id] || [id];
+  }
+
+  function onSnapshot(frame) {
+    if (!streaming || String(streaming.message.id) !== String(frame.message_id)) return;
+    streaming.message.content = frame.text;
+    if (frame.thinking !== undefined) streaming.message.thinking = frame.thinking || "";
+    renderBody(streaming);
+    showEngineStatus(frame.status || null);
+    scrollToEnd();
+  }
+
+  function onAttached(frame) {
+    // Nothing runs (any more): show the conversation as it was saved.
+    if (frame.id !== conversationId || !frame.messages) return;
+    if (streaming) {
+      streaming = null;
+      statusFrame = null;
+      setBusy(false);
+      setStatus("");
+    }
+    showBranch(frame.messages, frame.context_start);
   }
 
   function finishStreaming() {
     const view = streaming;
+    els.composer.dataset.turns = String(Number(els.composer.dataset.turns || 0) + 1); // for tests
     streaming = null;
     setBusy(false);
-    if (view) {
-      renderBody(view);
-      refreshLastMeta();
-    }
-    scrollToEnd();
+    statusFrame = null;
+    if (view) renderBody(view);
+    refreshMeta();
+    followStream();
+    updateCounter();
+  }
+
+  function applyFinal(frame, state) {
+    const m = streaming.message;
+    m.state = state;
+    m.error = frame.error || frame.message || "";
+    m.figures = frame.figures || {};
+    if (typeof frame.text === "string") m.content = frame.text;
+    if (typeof frame.thinking === "string") m.thinking = frame.thinking;
   }
 
   function onDone(frame) {
     if (!streaming || String(streaming.message.id) !== String(frame.message_id)) return;
-    streaming.message.state = frame.state;
-    streaming.message.error = frame.error;
-    streaming.message.figures = frame.figures || {};
+    applyFinal(frame, frame.state);
     setStatus("");
     finishStreaming();
   }
 
   function onError(frame) {
     if (frame.message_id && streaming && String(streaming.message.id) === String(frame.message_id)) {
-      streaming.message.state = "failed";
-      streaming.message.error = frame.message;
-      streaming.message.figures = frame.figures || {};
+      applyFinal(frame, "failed");
       setStatus("");
       finishStreaming();
       return;
     }
+    if (awaiting && awaiting.onRefused) awaiting.onRefused();
     awaiting = null;
     setStatus(frame.message, "error");
   }
 
+  function onRenamed(frame) {
+    if (frame.id !== conversationId) return;
+    els.title.textContent = frame.title;
+    document.title = frame.title + " · Home-lab AI";
+    const link = els.list.querySelector('a[data-id="' + frame.id + '"]');
+    if (link) link.textContent = frame.title;
+  }
+
   // --- actions -------------------------------------------------------------------------------
+
+  function idle() {
+    return !streaming && awaiting === null;
+  }
 
   function submit(event) {
     event.preventDefault();
     const content = els.prompt.value;
-    if (!content.trim() || streaming || awaiting !== null) return;
+    if (!content.trim() || !idle() || content.length > data.max_content_chars) return;
     const frame = {
-      type: "send",
-      conversation: conversationId,
-      content: content,
-      model: els.model.value || null,
-      system_prompt: els.system.value,
+      type: "send", conversation: conversationId, content: content,
+      model: els.model.value || null, system_prompt: els.system.value,
     };
     if (sendFrame(frame)) {
-      awaiting = content;
+      awaiting = { content: content, fromComposer: true };
+      follow = true;
       setStatus("Sending…");
     }
   }
 
+  function startEdit(view) {
+    if (!idle()) return;
+    const editor = document.createElement("form");
+    editor.className = "editor";
+    const area = document.createElement("textarea");
+    area.value = view.message.content;
+    area.rows = Math.min(10, Math.max(2, view.message.content.split("\n").length));
+    const save = document.createElement("button");
+    save.type = "submit";
+    save.className = "primary";
+    save.textContent = "Send";
+    const cancel = button("Cancel", "cancel-edit", () => { editor.remove(); view.body.hidden = false; renderMeta(view); });
+    editor.append(area, save, cancel);
+    editor.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const content = area.value;
+      if (!content.trim() || !idle()) return;
+      if (content.length > data.max_content_chars) { setStatus("That message is too long to send.", "error"); return; }
+      const sent = sendFrame({ type: "edit", conversation: conversationId, message: view.message.id, content });
+      if (sent) {
+        const versions = (view.message.versions && view.message.versions.length) ? view.message.versions : [view.message.id];
+        awaiting = { content, versions, onRefused: () => { editor.remove(); view.body.hidden = false; } };
+        setStatus("Sending…");
+      }
+    });
+    area.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.shiftKey && !event.isComposing) { event.preventDefault(); editor.requestSubmit(); }
+      if (event.key === "Escape") cancel.click();
+    });
+    view.body.hidden = true;
+    view.meta.replaceChildren();
+    view.root.insertBefore(editor, view.meta);
+    area.focus();
+  }
+
   function regenerate() {
-    if (streaming || !conversationId) return;
+    if (!idle() || !conversationId) return;
+    const last = views[views.length - 1];
+    if (last && last.message.role === "assistant") {
+      replacedVersions[last.message.id] = (last.message.versions && last.message.versions.length) ? last.message.versions : [last.message.id];
+    }
     sendFrame({ type: "regenerate", conversation: conversationId });
+  }
+
+  function continueAnswer() {
+    if (!idle() || !conversationId) return;
+    sendFrame({ type: "continue", conversation: conversationId });
+  }
+
+  function switchTo(id) {
+    if (!idle() || !conversationId || !id) return;
+    sendFrame({ type: "switch", conversation: conversationId, message: id });
   }
 
   function stop() {
@@ -325,6 +693,29 @@
     setStatus("Stopping…");
   }
 
+  function startRename() {
+    els.renameInput.value = els.title.textContent;
+    els.title.hidden = true;
+    els.renameForm.hidden = false;
+    els.renameInput.focus();
+    els.renameInput.select();
+  }
+
+  function endRename() {
+    els.title.hidden = false;
+    els.renameForm.hidden = true;
+  }
+
+  els.rename.addEventListener("click", startRename);
+  els.renameCancel.addEventListener("click", endRename);
+  els.renameForm.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const title = els.renameInput.value.trim();
+    if (title && conversationId) sendFrame({ type: "rename", conversation: conversationId, title });
+    endRename();
+  });
+  els.renameInput.addEventListener("keydown", (event) => { if (event.key === "Escape") endRename(); });
+
   els.composer.addEventListener("submit", submit);
   els.stop.addEventListener("click", stop);
   els.prompt.addEventListener("keydown", (event) => {
@@ -333,6 +724,9 @@
       els.composer.requestSubmit();
     }
   });
+  els.prompt.addEventListener("input", updateCounter);
+  els.system.addEventListener("input", updateCounter);
+  els.model.addEventListener("change", updateCounter);
   document.querySelectorAll("form[data-confirm]").forEach((form) => {
     form.addEventListener("submit", (event) => {
       if (!confirm(form.dataset.confirm)) event.preventDefault();
@@ -342,7 +736,14 @@
   // On a phone the conversation list starts folded, leaving the screen to the chat.
   if (window.matchMedia("(max-width: 760px)").matches) document.querySelector(".conversations").open = false;
 
-  data.messages.forEach((message) => addView(message));
+  showBranch(data.messages, data.context_start);
+  // An answer still being written when the page loaded: show it as such until attached.
+  const last = views[views.length - 1];
+  if (last && last.message.state === "streaming") {
+    streaming = last;
+    setBusy(true);
+    showEngineStatus(null);
+  }
   scrollToEnd();
   connect();
 })();

@@ -1,39 +1,73 @@
 /* The live dashboard: panels from /ws/telemetry/ ({"type": "snapshot", "panels": {...}}, one
    message per inference worker per interval; see dashboard/web/panels.py), charts with uPlot,
-   and the recent requests with their phase timelines. */
+   the engine's step composition, and the recent requests with their phase timelines.
+
+   One window (30 s / 5 min / 1 h, remembered in localStorage) drives every tile and chart: the
+   engine sends its throughput and percentiles per window with a 30-point chart for each, so a
+   window is right from the first snapshot; queue, memory, KV and CPU are sampled here. */
 (function () {
   "use strict";
 
   const config = JSON.parse(document.getElementById("dashboard-data").textContent);
   const $ = (id) => document.getElementById(id);
   const INTERVAL_MS = Math.max(250, config.interval_s * 1000);
-  const WINDOW_S = 5 * 60; // the charts' span
+  const HISTORY_S = 3600; // what this page keeps of its own samples: the longest window
   const STALE_MS = Math.max(5000, INTERVAL_MS * 10); // a worker silent this long is dropped
   const MiB = 1024 * 1024;
+  const WINDOWS = { 30: "30 s", 300: "5 min", 3600: "1 h" };
+  const WINDOW_KEY = "dashboard.window";
 
   const workers = new Map(); // worker name -> {panels, seen}
   let lastFinished = null;
+  let windowS = Number(localStorage.getItem(WINDOW_KEY)) || 300;
+  if (!WINDOWS[windowS]) windowS = 300;
+  const openedAt = Date.now() / 1000;
 
   // --- formatting ------------------------------------------------------------------------------
 
-  const ms = (s) => (s === null || s === undefined ? "–" : s < 1 ? Math.round(s * 1000) + " ms" : s.toFixed(2) + " s");
-  const tps = (v) => (v === null || v === undefined ? "–" : v >= 100 ? String(Math.round(v)) : v.toFixed(1));
-  const pct = (v) => (v === null || v === undefined ? "–" : Math.round(v) + "%");
+  const none = (v) => v === null || v === undefined || Number.isNaN(v);
+  const ms = (s) => (none(s) ? "–" : s < 1 ? Math.round(s * 1000) + " ms" : s < 100 ? s.toFixed(2) + " s" : Math.round(s) + " s");
+  const tps = (v) => (none(v) ? "–" : v >= 100 ? String(Math.round(v)) : v.toFixed(1));
+  const pct = (v) => (none(v) ? "–" : Math.round(v) + "%");
+  const count = (n, one, many) => n + " " + (n === 1 ? one : many || one + "s");
   function bytes(n) {
-    if (n === null || n === undefined) return "–";
+    if (none(n)) return "–";
     if (n >= 1024 * MiB) return (n / (1024 * MiB)).toFixed(1) + " GiB";
     return Math.round(n / MiB) + " MiB";
   }
+  function duration(s) {
+    if (none(s)) return "–";
+    if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";
+    if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
+    return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+  }
   const text = (id, value) => { $(id).textContent = value; };
+  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false });
+  const hhmm = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", hour12: false });
+  const msAxis = (v) => (v >= 1000 ? (v / 1000).toFixed(v >= 10000 ? 0 : 1) + " s" : Math.round(v) + " ms");
 
   // --- charts ------------------------------------------------------------------------------
 
   const COLORS = { prompt: "#2f6fde", output: "#d9480f", p50: "#2b8a3e", p95: "#e8a100", p99: "#c92a2a",
-    queue: "#7048e8", active: "#0c8599", used: "#d9480f", own: "#2f6fde", total: "#868e96", kv: "#7048e8", cpu: "#2b8a3e" };
+    queue: "#7048e8", active: "#0c8599", used: "#d9480f", own: "#2f6fde", total: "#868e96", kv: "#7048e8",
+    cpu: "#2b8a3e", decode: "#d9480f", step: "#7048e8", target: "#c92a2a" };
+  const AXIS = "#868e96";
 
-  const clock = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+  // A y axis as wide as its longest label, so "12.5 s" or "1,200" is never clipped.
+  function axisSize(u, values, axisIdx, cycleNum) {
+    const axis = u.axes[axisIdx];
+    if (cycleNum > 1) return axis._size;
+    let size = axis.ticks.size + axis.gap + 6;
+    const longest = (values || []).reduce((acc, v) => (String(v).length > acc.length ? String(v) : acc), "");
+    if (longest) {
+      u.ctx.font = axis.font[0];
+      size += u.ctx.measureText(longest).width / devicePixelRatio;
+    }
+    return Math.ceil(size);
+  }
 
-  function makeChart(id, series) {
+  function makeChart(id, series, options) {
+    const opts = options || {};
     const element = $(id);
     const data = [[], ...series.map(() => [])];
     const plot = new uPlot({
@@ -41,32 +75,51 @@
       height: 170,
       legend: { live: false },
       cursor: { drag: { x: false, y: false } },
-      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(max * 1.1, 1)] } },
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max((max || 0) * 1.1, opts.floor || 1)] } },
       axes: [
-        { stroke: "#868e96", grid: { stroke: "#8881" }, space: 70, values: (u, splits) => splits.map(clock) },
-        { stroke: "#868e96", grid: { stroke: "#8882" }, size: 55 },
+        { stroke: AXIS, grid: { stroke: "#8881" }, space: 60, values: (u, splits) => splits.map(windowS > 600 ? hhmm : clock) },
+        { stroke: AXIS, grid: { stroke: "#8882" }, size: axisSize, values: opts.values },
       ],
-      series: [{}, ...series.map((s) => ({ label: s.label, stroke: COLORS[s.key], width: 2, spanGaps: true,
+      series: [{}, ...series.map((s) => ({ label: s.label, stroke: COLORS[s.key], width: 2, spanGaps: !opts.points,
+        points: { show: !!opts.points, size: 5, fill: COLORS[s.key] },
         fill: s.fill ? COLORS[s.key] + "22" : undefined }))],
     }, data, element);
-    return { plot, data, element, series };
+    return { plot, element, series };
   }
 
+  const msValues = (u, splits) => splits.map(msAxis);
   const charts = {
     prompt: makeChart("c-prompt", [{ key: "prompt", label: "prompt tok/s", fill: true }]),
     output: makeChart("c-output", [{ key: "output", label: "output tok/s", fill: true }]),
-    ttft: makeChart("c-ttft", [{ key: "p50", label: "p50" }, { key: "p95", label: "p95" }, { key: "p99", label: "p99" }]),
-    itl: makeChart("c-itl", [{ key: "p50", label: "p50" }, { key: "p95", label: "p95" }, { key: "p99", label: "p99" }]),
+    ttft: makeChart("c-ttft", [{ key: "p50", label: "p50" }, { key: "p95", label: "p95" }, { key: "p99", label: "p99" }],
+      { values: msValues, points: true, floor: 10 }),
+    itl: makeChart("c-itl", [{ key: "p50", label: "p50" }, { key: "p95", label: "p95" }, { key: "p99", label: "p99" }],
+      { values: msValues, points: true, floor: 10 }),
     seq: makeChart("c-seq", [{ key: "queue", label: "queue depth" }, { key: "active", label: "active sequences" }]),
     mem: null, // made on the first reading, when it is known whether there is a GPU
     load: makeChart("c-load", [{ key: "kv", label: "KV cache fill" }, { key: "cpu", label: "CPU" }]),
   };
 
-  function push(chart, time, values) {
-    chart.data[0].push(time);
-    values.forEach((v, i) => chart.data[i + 1].push(v === undefined ? null : v));
-    while (chart.data[0].length && chart.data[0][0] < time - WINDOW_S) chart.data.forEach((col) => col.shift());
-    chart.plot.setData(chart.data);
+  // The page's own samples (gauges), kept for the longest window and shown for the chosen one.
+  const history = { seq: [[], [], []], mem: null, load: [[], [], []] };
+
+  function sampleInto(columns, time, values) {
+    columns[0].push(time);
+    values.forEach((v, i) => columns[i + 1].push(none(v) ? null : v));
+    while (columns[0].length && columns[0][0] < time - HISTORY_S) columns.forEach((c) => c.shift());
+  }
+
+  function show(chart, data, now) {
+    chart.plot.setData(data, false);
+    chart.plot.setScale("x", { min: now - windowS, max: now });
+  }
+
+  // The engine's 30-point chart of a window: the last point is the slot filling now.
+  function seriesData(series, keys, scale, now) {
+    const n = (series[keys[0]] || []).length;
+    const x = [];
+    for (let i = 0; i < n; i++) x.push(now - (n - 1 - i) * series.step_s);
+    return [x, ...keys.map((k) => (series[k] || []).map((v) => (none(v) ? null : v * scale)))];
   }
 
   // GPU: used, this worker's share and the total per box; no GPU: the worker's RSS and the
@@ -82,40 +135,182 @@
     if (memoryKind !== kind) {
       if (charts.mem) charts.mem.plot.destroy();
       charts.mem = makeChart("c-mem", MEMORY_SERIES[kind]);
+      history.mem = [[], ...MEMORY_SERIES[kind].map(() => [])];
       memoryKind = kind;
     }
     return charts.mem;
   }
 
+  // --- the step composition ----------------------------------------------------------------
+
+  // A few steps are drawn as narrow bars on the right, not as slabs; fewer slots on a phone.
+  const STEP_SLOTS_MIN = document.getElementById("c-steps").clientWidth < 500 ? 24 : 60;
+  let steps = { ago: [], decode: [], prompt: [], ms: [], seqs: [], target: null, model: "" };
+
+  const stepsElement = $("c-steps");
+  const stepsPlot = new uPlot({
+    width: Math.max(300, stepsElement.clientWidth),
+    height: 260,
+    legend: { show: false },
+    cursor: { drag: { x: false, y: false }, y: false, points: { show: false } },
+    scales: {
+      x: { time: false, range: (u) => { const n = steps.ago.length; return [n - Math.max(n, STEP_SLOTS_MIN) - 0.5, n - 0.5]; } },
+      tok: { distr: 4, asinh: 1, range: (u, min, max) => [0, Math.max((max || 0) * 1.3, 8)] },
+      ms: { range: (u, min, max) => [0, Math.max((max || 0) * 1.15, (steps.target || 0) * 1.6, 1)] },
+    },
+    axes: [
+      { stroke: AXIS, grid: { show: false }, space: 90, label: "when the step ended",
+        values: (u, splits) => {
+          // Steps are uneven in time: a label that repeats the one before it is left out.
+          let previous = "";
+          return splits.map((i) => {
+            const a = steps.ago[Math.round(i)];
+            const label = none(a) ? "" : "−" + a.toFixed(a < 10 ? 1 : 0) + " s";
+            if (label === previous) return "";
+            previous = label;
+            return label;
+          });
+        } },
+      { scale: "tok", stroke: AXIS, grid: { stroke: "#8882" }, size: axisSize, label: "tokens in the step",
+        splits: (u) => [0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000].filter((v) => v <= u.scales.tok.max) },
+      { scale: "ms", side: 1, stroke: COLORS.step, grid: { show: false }, size: axisSize, label: "step time", values: msValues },
+    ],
+    series: [
+      {},
+      { label: "prompt tokens", scale: "tok", fill: COLORS.prompt, stroke: COLORS.prompt, width: 0,
+        paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
+      { label: "decode tokens", scale: "tok", fill: COLORS.decode, stroke: COLORS.decode, width: 0,
+        paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
+      { label: "step time", scale: "ms", stroke: COLORS.step, width: 1.5, spanGaps: true,
+        points: { show: (u) => steps.ago.length < 90, size: 4, fill: COLORS.step } },
+    ],
+    hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], draw: [drawTarget] },
+  }, [[], [], [], []], stepsElement);
+
+  // The ITL target across the whole plot, on the step-time axis: a step above it made every
+  // writing stream wait longer than the target for its next token.
+  function drawTarget(u) {
+    if (!steps.target) return;
+    const y = Math.round(u.valToPos(steps.target, "ms", true)) + 0.5;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.strokeStyle = COLORS.target;
+    ctx.lineWidth = 1.5 * devicePixelRatio;
+    ctx.setLineDash([6 * devicePixelRatio, 4 * devicePixelRatio]);
+    ctx.beginPath();
+    ctx.moveTo(u.bbox.left, y);
+    ctx.lineTo(u.bbox.left + u.bbox.width, y);
+    ctx.stroke();
+    ctx.restore();
+  }
+
+  function stepReadout(i) {
+    const box = $("steps-readout");
+    if (none(i) || i < 0 || i >= steps.ago.length) {
+      box.textContent = "Hover a bar for its numbers.";
+      return;
+    }
+    const d = steps.decode[i], p = steps.prompt[i], t = steps.ms[i];
+    const parts = [];
+    if (d) parts.push(count(d, "decode token") + " (" + count(d, "stream") + " writing)");
+    if (p) parts.push(count(p, "prompt token") + " of a prompt being read");
+    const target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
+    box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + " · ran " +
+      msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch.";
+  }
+
+  function drawSteps(all) {
+    // The model whose engine stepped last (with several loaded, the busy one).
+    let best = null;
+    all.forEach((p) => Object.entries(p.models).forEach(([name, m]) => {
+      const s = m.steps;
+      if (!s || !s.ago.length) return;
+      const last = s.ago[s.ago.length - 1];
+      if (!best || last < best.last) best = { name, m, last };
+    }));
+    const targetMs = best && best.m.itl_target ? best.m.itl_target * 1000 : config.itl_target_ms;
+    text("steps-target", Math.round(targetMs) + " ms");
+    if (!best) {
+      steps = { ago: [], decode: [], prompt: [], ms: [], seqs: [], target: targetMs, model: "" };
+      stepsPlot.setData([[], [], [], []]);
+      text("steps-summary", "no engine step in the last minute: nothing is running");
+      return;
+    }
+    const s = best.m.steps;
+    steps = { ...s, target: targetMs, model: best.name };
+    const n = s.ago.length;
+    const x = s.ago.map((_, i) => i);
+    const total = s.decode.map((d, i) => d + s.prompt[i] || null);
+    const decode = s.decode.map((d) => d || null);
+    stepsPlot.setData([x, total, decode, s.ms]);
+    const withPrompt = s.prompt.filter((p) => p > 0).length;
+    const mixed = s.prompt.filter((p, i) => p > 0 && s.decode[i] > 0).length;
+    const within = s.ms.filter((t) => t <= targetMs).length;
+    const span = s.ago[0] - s.ago[n - 1];
+    const models = all.reduce((acc, p) => acc + Object.keys(p.models).length, 0);
+    text("steps-summary", (models > 1 ? best.name + " · " : "") + "last " + count(n, "step") + " over " + duration(span) +
+      " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " +
+      Math.round((100 * within) / n) + "% within the target");
+  }
+
   window.addEventListener("resize", () => {
     Object.values(charts).filter(Boolean).forEach((c) => c.plot.setSize({ width: Math.max(200, c.element.clientWidth), height: 170 }));
+    stepsPlot.setSize({ width: Math.max(300, stepsElement.clientWidth), height: 260 });
   });
 
   // --- aggregating the workers --------------------------------------------------------------
 
-  function worst(list, key) {
-    const values = list.map((d) => d[key]).filter((v) => v !== null && v !== undefined);
-    return values.length ? Math.max(...values) : null;
+  const PCTS = ["p50", "p95", "p99", "max"];
+
+  function worstOf(list) {
+    const out = { count: 0 };
+    PCTS.forEach((k) => {
+      const values = list.map((d) => d && d[k]).filter((v) => !none(v));
+      out[k] = values.length ? Math.max(...values) : null;
+    });
+    out.count = list.reduce((acc, d) => acc + ((d && d.count) || 0), 0);
+    return out;
+  }
+
+  // One window over several workers: throughput added, each percentile its worst.
+  function combineWindows(list) {
+    if (list.length === 1) return list[0];
+    const series = { step_s: Math.max(0, ...list.map((w) => w.series.step_s)) };
+    Object.keys(list[0].series).filter((k) => k !== "step_s").forEach((key) => {
+      series[key] = list[0].series[key].map((_, i) => {
+        const values = list.map((w) => w.series[key][i]).filter((v) => !none(v));
+        if (key.endsWith("_tps")) return values.reduce((a, b) => a + b, 0);
+        return values.length ? Math.max(...values) : null;
+      });
+    });
+    return {
+      prompt_tps: list.reduce((a, w) => a + w.prompt_tps, 0), output_tps: list.reduce((a, w) => a + w.output_tps, 0),
+      ended: list.reduce((a, w) => a + w.ended, 0), ttft: worstOf(list.map((w) => w.ttft)), itl: worstOf(list.map((w) => w.itl)),
+      series,
+    };
   }
 
   function aggregate() {
     const now = Date.now();
     for (const [name, entry] of workers) if (now - entry.seen > STALE_MS) workers.delete(name);
     const all = [...workers.values()].map((e) => e.panels);
-    const sum = (key) => all.reduce((acc, p) => acc + (p[key] || 0), 0);
-    const cpu = all.map((p) => p.cpu_percent).filter((v) => v !== null && v !== undefined);
+    const sum = (get) => all.reduce((acc, p) => acc + (get(p) || 0), 0);
+    const cpu = all.map((p) => p.cpu_percent).filter((v) => !none(v));
+    const models = all.flatMap((p) => Object.values(p.models));
+    const windows = all.map((p) => p.windows && p.windows[String(windowS)]).filter(Boolean);
     return {
       count: all.length,
       panels: all,
-      prompt_tps: sum("prompt_tps"),
-      output_tps: sum("output_tps"),
-      queue_depth: sum("queue_depth"),
-      active_sequences: sum("active_sequences"),
-      finished: sum("finished"),
+      now: { prompt_tps: sum((p) => p.now && p.now.prompt_tps), output_tps: sum((p) => p.now && p.now.output_tps) },
+      window: windows.length ? combineWindows(windows) : null,
+      queue_depth: sum((p) => p.queue_depth),
+      active_sequences: sum((p) => p.active_sequences),
+      prefilling: models.reduce((acc, m) => acc + m.prefilling, 0),
+      decoding: models.reduce((acc, m) => acc + m.decoding, 0),
+      finished: sum((p) => p.finished),
       kv_fill: all.length ? Math.max(...all.map((p) => p.kv_fill || 0)) : 0,
       cpu: cpu.length ? cpu.reduce((a, b) => a + b, 0) / cpu.length : null,
-      ttft: { p50: worst(all.map((p) => p.ttft), "p50"), p95: worst(all.map((p) => p.ttft), "p95"), p99: worst(all.map((p) => p.ttft), "p99") },
-      itl: { p50: worst(all.map((p) => p.itl), "p50"), p95: worst(all.map((p) => p.itl), "p95"), p99: worst(all.map((p) => p.itl), "p99") },
+      streams: all.flatMap((p) => p.streams || []),
     };
   }
 
@@ -227,28 +422,91 @@
     });
   }
 
-  function sample() {
-    const a = aggregate();
-    const time = Date.now() / 1000;
-    if (!a.count) {
-      text("workers", "no worker reporting");
+  // --- the streams answering now -----------------------------------------------------------
+
+  function drawStreams(streams, several) {
+    const body = $("streams");
+    body.replaceChildren();
+    if (!streams.length) {
+      const row = document.createElement("tr");
+      cell(row, "Nothing is running.", "muted").colSpan = 7;
+      body.append(row);
       return;
     }
-    const totals = memoryTotals(a.panels);
-    text("t-prompt-tps", tps(a.prompt_tps));
-    text("t-output-tps", tps(a.output_tps));
-    text("t-ttft", ms(a.ttft.p50));
-    text("t-ttft-tail", "p95 " + ms(a.ttft.p95) + " · p99 " + ms(a.ttft.p99));
-    text("t-itl", ms(a.itl.p50));
-    text("t-itl-tail", "p95 " + ms(a.itl.p95) + " · p99 " + ms(a.itl.p99));
+    streams.forEach((s) => {
+      const row = document.createElement("tr");
+      cell(row, (several ? s.model + " · " : "") + s.id);
+      cell(row, s.phase === "decoding" ? "writing" : "reading the prompt");
+      cell(row, s.computed + " / " + s.prompt_tokens + (s.cached_tokens ? " (" + s.cached_tokens + " cached)" : ""), "num");
+      cell(row, s.output_tokens + (s.max_tokens ? " / " + s.max_tokens : ""), "num");
+      const live = cell(row, s.phase === "decoding" ? tps(s.tps) : "–", "num live-tps");
+      if (s.phase === "decoding" && !none(s.last_token_ago) && s.last_token_ago > 1) live.classList.add("stalled");
+      cell(row, s.phase === "decoding" ? ms(s.last_token_ago) + " ago" : "–", "num");
+      cell(row, duration(s.age), "num");
+      body.append(row);
+    });
+  }
+
+  // --- tiles ---------------------------------------------------------------------------------
+
+  function percentiles(id, dist) {
+    const box = $(id);
+    box.replaceChildren();
+    ["p50", "p95", "p99"].forEach((k) => {
+      const item = document.createElement("span");
+      item.className = "pct pct-" + k;
+      const label = document.createElement("b");
+      label.textContent = k;
+      const value = document.createElement("span");
+      value.textContent = dist ? ms(dist[k]) : "–";
+      item.append(label, value);
+      box.append(item);
+    });
+  }
+
+  function drawTiles(a) {
+    const w = a.window;
+    const label = WINDOWS[windowS];
+    text("t-prompt-tps", tps(a.now.prompt_tps));
+    text("t-output-tps", tps(a.now.output_tps));
+    text("t-prompt-tail", "tok/s now\n" + (w ? tps(w.prompt_tps) : "–") + " avg over " + label);
+    text("t-output-tail", "tok/s now\n" + (w ? tps(w.output_tps) : "–") + " avg over " + label);
+    const ttft = w && w.ttft.count ? w.ttft : null;
+    const itl = w && w.itl.count ? w.itl : null;
+    percentiles("t-ttft", ttft);
+    percentiles("t-itl", itl);
+    text("t-ttft-tail", ttft ? count(ttft.count, "first token") + " in the last " + label + " · max " + ms(ttft.max)
+      : "no first token in the last " + label);
+    text("t-itl-tail", itl ? count(itl.count, "gap") + " between tokens in the last " + label + " · max " + ms(itl.max)
+      : "no tokens written in the last " + label);
     text("t-queue", String(a.queue_depth));
     text("t-active", String(a.active_sequences));
-    const decoding = a.panels.reduce((acc, p) => acc + Object.values(p.models).reduce((s, m) => s + m.decoding, 0), 0);
-    text("t-active-tail", "active · " + decoding + " decoding");
+    text("t-active-tail", a.active_sequences ? a.prefilling + " reading · " + a.decoding + " writing" : "active now");
     text("t-kv", pct(a.kv_fill * 100));
     text("t-cpu", pct(a.cpu));
     const cores = a.panels.map((p) => p.cpu_count).filter(Boolean);
-    text("t-cpu-tail", cores.length ? "busy, " + cores[0] + " cores" : "busy");
+    text("t-cpu-tail", cores.length ? "busy now, " + cores[0] + " cores" : "busy now");
+  }
+
+  function resetTiles() {
+    // No worker reports: nothing runs that this page can see, so "now" reads 0, not the last value.
+    drawTiles({ now: { prompt_tps: 0, output_tps: 0 }, window: null, queue_depth: 0, active_sequences: 0,
+      prefilling: 0, decoding: 0, kv_fill: 0, cpu: null, panels: [] });
+    drawStreams([], false);
+    drawSteps([]);
+  }
+
+  function sample() {
+    const a = aggregate();
+    const now = Date.now() / 1000;
+    if (!a.count) {
+      text("workers", "no worker reporting");
+      text("loaded", "no model loaded");
+      resetTiles();
+      return;
+    }
+    const totals = memoryTotals(a.panels);
+    drawTiles(a);
     text("workers", a.panels.map((p) => (p.mode === "embedded" ? "runners supervised by the web process" : "worker " + p.worker)).join(", "));
     const loaded = a.panels.flatMap((p) => p.loaded.map((m) => m.name + (m.busy ? " · answering" : "")));
     const loading = a.panels.map((p) => p.loading).filter(Boolean);
@@ -256,23 +514,38 @@
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
     drawMemory(a.panels, totals);
     drawRunners();
+    drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1);
+    drawSteps(a.panels);
 
-    const toMs = (v) => (v === null || v === undefined ? null : v * 1000);
-    push(charts.prompt, time, [a.prompt_tps]);
-    push(charts.output, time, [a.output_tps]);
-    push(charts.ttft, time, [toMs(a.ttft.p50), toMs(a.ttft.p95), toMs(a.ttft.p99)]);
-    push(charts.itl, time, [toMs(a.itl.p50), toMs(a.itl.p95), toMs(a.itl.p99)]);
-    push(charts.seq, time, [a.queue_depth, a.active_sequences]);
+    // The page's own samples, then every chart drawn over the chosen window.
+    sampleInto(history.seq, now, [a.queue_depth, a.active_sequences]);
     const memory = [totals.used / MiB, totals.own / MiB];
     if (totals.kind === "gpu") memory.push(totals.total / MiB);
-    push(memoryChart(totals.kind), time, memory);
-    push(charts.load, time, [a.kv_fill * 100, a.cpu]);
+    const memChart = memoryChart(totals.kind);
+    sampleInto(history.mem, now, memory);
+    sampleInto(history.load, now, [a.kv_fill * 100, a.cpu]);
+    show(charts.seq, history.seq, now);
+    show(memChart, history.mem, now);
+    show(charts.load, history.load, now);
+    if (a.window) {
+      const s = a.window.series;
+      show(charts.prompt, seriesData(s, ["prompt_tps"], 1, now), now);
+      show(charts.output, seriesData(s, ["output_tps"], 1, now), now);
+      show(charts.ttft, seriesData(s, ["ttft_p50", "ttft_p95", "ttft_p99"], 1000, now), now);
+      show(charts.itl, seriesData(s, ["itl_p50", "itl_p95", "itl_p99"], 1000, now), now);
+    }
+    const since = now - openedAt;
+    text("charts-note", "Throughput and latency: from the engine, one point per " + duration(a.window ? a.window.series.step_s : windowS / 30) +
+      " over the last " + WINDOWS[windowS] + ". Queue, memory, KV and CPU: sampled by this page" +
+      (since < windowS ? ", open for " + duration(since) + " of the window." : "."));
 
     if (lastFinished !== null && a.finished !== lastFinished) loadRequests();
     lastFinished = a.finished;
   }
 
   // --- recent requests and their timeline ------------------------------------------------------
+
+  let requests = config.requests;
 
   function cell(row, value, cls) {
     const td = document.createElement("td");
@@ -282,26 +555,38 @@
     return td;
   }
 
-  function drawTable(requests) {
+  // What happened to a request, in words ("stop" and "cancelled" are the engine's words).
+  function outcome(r) {
+    if (r.outcome === "stop") return "finished";
+    if (r.outcome === "length") return "hit the length limit";
+    if (r.outcome === "cancelled") {
+      if (r.error && /disconnect/.test(r.error)) return "stopped: the client left";
+      return r.source === "chat" ? "stopped by the user" : "stopped by the client";
+    }
+    if (r.outcome === "error") return "failed: " + (r.error || "unknown error");
+    return r.outcome;
+  }
+
+  function drawTable(list) {
     const body = $("requests");
     body.replaceChildren();
-    if (!requests.length) {
+    if (!list.length) {
       const row = document.createElement("tr");
       const td = cell(row, "No requests yet. Send a chat message or call the API.", "muted");
       td.colSpan = 13;
       body.append(row);
       return;
     }
-    requests.forEach((r) => {
+    list.forEach((r) => {
       const row = document.createElement("tr");
       row.className = "outcome-" + r.outcome;
       cell(row, new Date(r.start * 1000).toLocaleTimeString());
       cell(row, r.model);
       cell(row, r.source);
       cell(row, r.client);
-      const outcome = cell(row, r.outcome);
-      if (r.error) outcome.title = r.error;
-      cell(row, r.prompt_tokens + (r.cached_tokens ? " (" + r.cached_tokens + ")" : ""), "num");
+      const out = cell(row, outcome(r), "outcome");
+      if (r.error) out.title = r.error;
+      cell(row, r.prompt_tokens + (r.cached_tokens ? " · " + r.cached_tokens + " cached" : ""), "num");
       cell(row, String(r.output_tokens), "num");
       cell(row, ms(r.queue_time), "num");
       cell(row, ms(r.ttft), "num");
@@ -313,44 +598,121 @@
     });
   }
 
-  function drawTimeline(requests) {
-    // The newest requests on one wall-clock axis, so a prefill that overlapped someone else's
-    // decode shows as bars stacked in the same moment.
+  const endOf = (r) => r.start + Math.max(r.total_time || 0, ...r.timeline.map((p) => p.end));
+
+  // A row of the timeline in words: "1819-token prompt, read in 6 chunks while 1 stream kept
+  // writing; answered 512 tokens". The streams are the other shown requests whose decode
+  // overlapped this one's prefill chunks.
+  function explain(r, all) {
+    const chunks = r.timeline.filter((p) => p.phase === "prefill");
+    const writers = all.filter((o) => o !== r && o.timeline.some((d) => d.phase === "decode" &&
+      chunks.some((c) => o.start + d.start < r.start + c.end && r.start + c.start < o.start + d.end))).length;
+    const computed = r.prompt_tokens - (r.cached_tokens || 0);
+    let read = r.prompt_tokens + "-token prompt";
+    if (r.cached_tokens) read += " (" + r.cached_tokens + " of them cached, " + computed + " computed)";
+    if (chunks.length) read += ", read in " + count(chunks.length, "chunk") + (writers ? " while " + count(writers, "stream") + " kept writing" : "");
+    const load = r.timeline.find((p) => p.phase === "load");
+    const lines = [
+      (load ? "waited " + ms(load.end - load.start) + " for the model to load; " : "") + read +
+        "; answered " + count(r.output_tokens, "token") + " (" + outcome(r) + ").",
+      "queue " + ms(r.queue_time) + " · first token after " + ms(r.ttft) + " · prompt " + tps(r.prompt_tps) +
+        " tok/s · writing " + tps(r.decode_tps) + " tok/s · total " + ms(r.total_time),
+      r.client + " · " + r.source + " · " + r.model + " · " + new Date(r.start * 1000).toLocaleTimeString(),
+    ];
+    return lines;
+  }
+
+  function niceStep(span, maxTicks) {
+    const raw = span / Math.max(1, maxTicks);
+    const steps = [0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+    return steps.find((s) => s >= raw) || 3600;
+  }
+
+  const tip = $("timeline-tip");
+  function showTip(lines, x, y) {
+    tip.replaceChildren(...lines.map((line, i) => {
+      const p = document.createElement("p");
+      p.textContent = line;
+      if (i) p.className = "muted";
+      return p;
+    }));
+    tip.hidden = false;
+    tip.style.left = Math.max(4, Math.min(x + 12, window.innerWidth - tip.offsetWidth - 8)) + "px";
+    tip.style.top = (y + 16 + tip.offsetHeight > window.innerHeight ? y - tip.offsetHeight - 10 : y + 16) + "px";
+  }
+
+  function drawTimeline(list) {
+    // The window's requests on one wall-clock axis, newest on top like the table, so a prefill
+    // that overlapped someone's decode shows as bars in the same moment.
     const box = $("timeline");
     box.replaceChildren();
-    const shown = requests.filter((r) => r.timeline.length).slice(0, 12).reverse();
-    if (!shown.length) return;
-    const begin = Math.min(...shown.map((r) => r.start));
-    const end = Math.max(...shown.map((r) => r.start + Math.max(r.total_time || 0, ...r.timeline.map((p) => p.end))));
+    tip.hidden = true;
+    const now = Date.now() / 1000;
+    const withPhases = list.filter((r) => r.timeline.length);
+    const shown = withPhases.filter((r) => endOf(r) >= now - windowS).slice(0, 12);
+    if (!shown.length) {
+      text("timeline-note", withPhases.length ? "No request in the last " + WINDOWS[windowS] +
+        "; the latest started " + ago(now - withPhases[0].start) + ". Choose a longer window to see it." : "");
+      return;
+    }
+    const begin = Math.max(now - windowS, Math.min(...shown.map((r) => r.start)));
+    const end = Math.max(...shown.map(endOf));
     const span = Math.max(end - begin, 0.001);
+    const at = (t) => (100 * (t - begin)) / span;
+    text("timeline-note", count(shown.length, "request") + " in the last " + WINDOWS[windowS] + " (at most 12) · " +
+      duration(span) + " from the first start to the last end · hover or tap a row to read it");
     shown.forEach((r) => {
       const lane = document.createElement("div");
-      lane.className = "lane";
+      lane.className = "lane outcome-" + r.outcome;
       const label = document.createElement("div");
       label.className = "lane-label";
-      label.textContent = r.client + " · " + r.source + " · " + r.prompt_tokens + "→" + r.output_tokens + " tok";
+      const who = document.createElement("span");
+      who.textContent = r.client + " · " + r.source;
+      const size = document.createElement("span");
+      size.className = "muted";
+      size.textContent = " · " + r.prompt_tokens + " in → " + r.output_tokens + " out";
+      label.append(who, size);
       const track = document.createElement("div");
       track.className = "lane-track";
       r.timeline.forEach((p) => {
+        const left = Math.max(0, at(r.start + p.start));
+        const right = Math.min(100, at(r.start + p.end));
+        if (right < 0 || left > 100) return;
         const seg = document.createElement("div");
         seg.className = "seg ph-" + p.phase;
-        seg.style.left = ((100 * (r.start + p.start - begin)) / span).toFixed(3) + "%";
-        seg.style.width = Math.max(0.2, (100 * (p.end - p.start)) / span).toFixed(3) + "%";
-        seg.title = p.phase + ": " + ms(p.end - p.start) + (p.tokens ? " · " + p.tokens + " tokens" : "");
+        seg.style.left = left.toFixed(3) + "%";
+        seg.style.width = Math.max(0.25, right - left).toFixed(3) + "%";
         track.append(seg);
       });
+      const lines = explain(r, shown);
+      lane.addEventListener("mousemove", (e) => showTip(lines, e.clientX, e.clientY));
+      lane.addEventListener("mouseleave", () => { tip.hidden = true; });
+      lane.addEventListener("click", (e) => showTip(lines, e.clientX, e.clientY)); // touch screens
+      lane.setAttribute("aria-label", lines.join(" "));
+      lane.tabIndex = 0;
       lane.append(label, track);
       box.append(lane);
     });
+    // Time ticks under the lanes: clock times at round intervals.
     const axis = document.createElement("div");
     axis.className = "lane axis";
     const left = document.createElement("div");
     left.className = "lane-label muted";
-    left.textContent = new Date(begin * 1000).toLocaleTimeString();
-    const right = document.createElement("div");
-    right.className = "lane-track axis-track muted";
-    right.textContent = "span " + ms(span);
-    axis.append(left, right);
+    const ticks = document.createElement("div");
+    ticks.className = "lane-track axis-track";
+    const step = niceStep(span, Math.max(2, Math.floor(ticks.clientWidth || box.clientWidth * 0.7) / 110));
+    // Whole seconds: clock times at round moments; shorter: seconds after the first start.
+    const relative = step < 1;
+    left.textContent = relative ? "from " + clock(begin) : "span " + duration(span);
+    const first = relative ? begin : Math.ceil(begin / step) * step;
+    for (let k = 0, t = first; t <= end + 1e-9 && k < 40; k++, t = first + k * step) {
+      const tick = document.createElement("span");
+      tick.className = "tick";
+      tick.style.left = at(t).toFixed(3) + "%";
+      tick.textContent = relative ? "+" + (t - begin).toFixed(1) + " s" : clock(t);
+      ticks.append(tick);
+    }
+    axis.append(left, ticks);
     box.append(axis);
   }
 
@@ -361,14 +723,27 @@
     try {
       const response = await fetch("/dashboard/requests/", { headers: { Accept: "application/json" }, credentials: "same-origin" });
       if (response.ok) {
-        const body = await response.json();
-        drawTable(body.requests);
-        drawTimeline(body.requests);
+        requests = (await response.json()).requests;
+        drawTable(requests);
+        drawTimeline(requests);
       }
     } finally {
       loadingRequests = false;
     }
   }
+
+  // --- the window picker ---------------------------------------------------------------------
+
+  function pickWindow(seconds) {
+    windowS = seconds;
+    localStorage.setItem(WINDOW_KEY, String(seconds));
+    document.querySelectorAll(".window-picker button").forEach((b) =>
+      b.setAttribute("aria-pressed", String(Number(b.dataset.window) === seconds)));
+    sample();
+    drawTimeline(requests);
+  }
+  document.querySelectorAll(".window-picker button").forEach((b) =>
+    b.addEventListener("click", () => pickWindow(Number(b.dataset.window))));
 
   // --- the socket ------------------------------------------------------------------------------
 
@@ -393,9 +768,10 @@
     });
   }
 
-  drawTable(config.requests);
-  drawTimeline(config.requests);
+  pickWindow(windowS);
+  drawTable(requests);
   connect();
   setInterval(sample, INTERVAL_MS);
+  setInterval(() => drawTimeline(requests), 5000); // the window slides on
   setInterval(loadRequests, 15000); // requests served by another worker, or missed changes
 })();

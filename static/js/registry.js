@@ -47,7 +47,10 @@
     }
     rows.forEach(function (r) {
       var tr = document.createElement("tr");
-      cell(tr, r.name);
+      var link = document.createElement("a");
+      link.href = encodeURIComponent(r.name) + "/";
+      link.textContent = r.name;
+      cell(tr, "").appendChild(link);
       cell(tr, mib(r.size_bytes), "num");
       cell(tr, r.busy ? "busy" : countdown(r.expires_in));
       cell(tr, r.busy ? "answering" : "idle");
@@ -77,21 +80,55 @@
     line.textContent = text + " · the inference worker holds " + mib(m.worker_bytes);
   }
 
+  // The technical detail of a failure, folded under its plain sentence.
+  function details(text) {
+    var box = document.createElement("details");
+    box.className = "detail";
+    var summary = document.createElement("summary");
+    summary.textContent = "details";
+    var code = document.createElement("code");
+    code.textContent = text;
+    box.append(summary, code);
+    return box;
+  }
+
+  // A plain POST form, as the server renders it: it works the same with or without this script.
+  function jobButton(id, action, label, cls) {
+    var form = document.createElement("form");
+    form.method = "post";
+    form.action = "jobs/" + id + "/" + action + "/";
+    var token = document.createElement("input");
+    token.type = "hidden";
+    token.name = "csrfmiddlewaretoken";
+    token.value = csrfToken();
+    var button = document.createElement("button");
+    button.type = "submit";
+    button.className = cls;
+    button.textContent = label;
+    form.append(token, button);
+    return form;
+  }
+
   function renderJobs(jobs) {
     var body = document.getElementById("job-rows");
     var staff = body.dataset.staff === "1";
+    // Rows are redrawn every poll: keep open the details someone opened.
+    var open = {};
+    body.querySelectorAll("tr[data-job] details[open]").forEach(function (d) {
+      open[d.closest("tr").dataset.job] = true;
+    });
     body.replaceChildren();
     jobs.forEach(function (j) {
       var tr = document.createElement("tr");
       cell(tr, String(j.id));
       cell(tr, j.kind);
       cell(tr, j.source.length > 80 ? j.source.slice(0, 79) + "…" : j.source, "small");
-      cell(tr, j.state);
+      cell(tr, j.state, "job-state");
       var bar = document.createElement("progress");
       bar.max = 1;
       bar.value = j.progress;
       cell(tr, "").appendChild(bar);
-      var msg = cell(tr, j.message, "small");
+      var msg = cell(tr, j.message, "small job-message");
       if (j.state === "done" && j.model_url) {
         msg.appendChild(document.createTextNode(" · "));
         var link = document.createElement("a");
@@ -99,21 +136,17 @@
         link.textContent = j.model;
         msg.appendChild(link);
       }
-      var actions = cell(tr, "");
-      if (staff && (j.state === "pending" || j.state === "running")) {
-        var form = document.createElement("form");
-        form.method = "post";
-        form.action = "jobs/" + j.id + "/cancel/";
-        var token = document.createElement("input");
-        token.type = "hidden";
-        token.name = "csrfmiddlewaretoken";
-        token.value = csrfToken();
-        var button = document.createElement("button");
-        button.type = "submit";
-        button.className = "link danger";
-        button.textContent = "Cancel";
-        form.append(token, button);
-        actions.appendChild(form);
+      tr.dataset.job = String(j.id);
+      if (j.detail) {
+        var folded = details(j.detail);
+        folded.open = !!open[j.id];
+        msg.append(" ", folded);
+      }
+      var actions = cell(tr, "", "job-actions");
+      if (staff) {
+        if (j.can_cancel) actions.appendChild(jobButton(j.id, "cancel", "Cancel", "link danger"));
+        if (j.can_retry) actions.appendChild(jobButton(j.id, "retry", "Retry", "link"));
+        if (j.can_dismiss) actions.appendChild(jobButton(j.id, "dismiss", "Dismiss", "link"));
       }
       body.appendChild(tr);
     });
@@ -162,7 +195,14 @@
         var answer = {};
         try { answer = JSON.parse(xhr.responseText); } catch (e) { /* not JSON */ }
         if (xhr.status === 201 && answer.url) { window.location.href = answer.url; return; }
-        status.textContent = "Refused: " + (answer.error || "HTTP " + xhr.status);
+        status.replaceChildren("Refused: " + (answer.error || "HTTP " + xhr.status));
+        if (answer.existing_url) {
+          var existing = document.createElement("a");
+          existing.href = answer.existing_url;
+          existing.textContent = "open " + answer.existing;
+          status.append(" · ", existing);
+        }
+        if (answer.detail) status.append(" ", details(answer.detail));
         button.disabled = false;
       });
       xhr.addEventListener("error", function () {

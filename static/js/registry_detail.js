@@ -1,24 +1,25 @@
 // A model's page: its sha256 while it is hashed, its loaded state, its runner process and loads
 // under way, polled; the Load button says "loading…" while the server loads (the page reloads
-// when it is done).
+// when it is done). The badge and the load-state line come from the same row of the same poll
+// (worded by the server, dashboard/registry/views.py loaded_view), so they never disagree; when
+// the model is loaded or unloaded elsewhere, the page is drawn again unless the settings form
+// is being edited.
 (function () {
   "use strict";
 
   var badge = document.getElementById("loaded-badge");
   if (!badge) return;
   var POLL_MS = 1500;
+  var wasLoaded = badge.classList.contains("on");
+  var editing = false;
+  var settings = document.getElementById("settings-form");
+  if (settings) settings.addEventListener("input", function () { editing = true; });
+  // A form on its way (Load, Save and reload) must not be cut short by a redraw.
+  document.addEventListener("submit", function () { editing = true; });
 
   function getJSON(url) {
     return fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" })
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); });
-  }
-
-  function countdown(seconds) {
-    if (seconds === null || seconds === undefined) return "forever";
-    var s = Math.max(0, Math.floor(seconds));
-    if (s >= 3600) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
-    if (s >= 60) return Math.floor(s / 60) + "m " + (s % 60) + "s";
-    return s + "s";
   }
 
   // The runner rows come worded by the server (dashboard/registry/views.py runner_view), the
@@ -73,8 +74,9 @@
         var mine = s.loaded.filter(function (r) { return r.name === badge.dataset.name; })[0];
         badge.textContent = mine ? (mine.busy ? "loaded · answering" : "loaded") : "not loaded";
         badge.classList.toggle("on", !!mine);
-        var expires = document.getElementById("expires");
-        if (expires && mine) expires.textContent = mine.busy ? "busy" : countdown(mine.expires_in);
+        var line = document.getElementById("load-state");
+        if (line) line.textContent = mine ? mine.summary : line.dataset.idle;
+        if (!!mine !== wasLoaded && !editing) { window.location.reload(); return; }
         drawRunners((s.runners || {})[badge.dataset.name] || []);
         var note = document.getElementById("loading-note");
         note.hidden = !s.loading.length;

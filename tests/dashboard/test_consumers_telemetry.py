@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 PANEL_FIELDS = {
     "worker", "mode", "time", "loading", "loaded", "prompt_tps", "output_tps", "ttft", "itl",
     "queue_depth", "active_sequences", "kv_fill", "cpu_percent", "memory", "models", "finished",
+    "now", "windows", "streams",
 }  # fmt: skip
 
 
@@ -85,6 +86,15 @@ async def test_the_throughput_panels_show_a_chat_that_just_ran(
     assert model["slots"] >= starter_model.parallel
     assert model["finished"] >= 1
     assert starter_model.name in [row["name"] for row in panels["loaded"]]
+    # The window picker's figures: the chat is in every window, its steps in the step panel.
+    for key in ("30", "300", "3600"):
+        window = panels["windows"][key]
+        assert window["output_tps"] > 0 and window["ttft"]["count"] >= 1
+        assert window["itl"]["p50"] > 0 and len(window["series"]["output_tps"]) == 30
+    steps = model["steps"]
+    assert sum(steps["prompt"]) > 0 and sum(steps["decode"]) > 0
+    assert len(set(map(len, steps.values()))) == 1
+    assert panels["streams"] == []  # it has ended: nothing is listed as running
 
 
 async def test_it_relays_what_a_split_mode_worker_publishes_and_starts_no_publisher(

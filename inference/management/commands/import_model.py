@@ -23,6 +23,7 @@ from inference.importing import (
     install_file,
     models_dir,
     register_file,
+    registered_copy,
     safe_filename,
 )
 from inference.models import LLMModel
@@ -49,6 +50,14 @@ class Command(BaseCommand):
         existing = LLMModel.all_objects.filter(file_path=str(source.resolve())).first()
         if existing is not None:
             self.stdout.write(f"already registered as {existing.name}")
+            return
+        # One entry per file: the same bytes under another path (a copy) are not a new model.
+        copy_of, _ = registered_copy(source.resolve(), info.file_size)
+        if copy_of is not None:
+            self.stdout.write(
+                f"already registered as {copy_of.name} (the same file: its sha256 matches); "
+                f"its page is /models/{copy_of.name}/"
+            )
             return
         try:
             if name:

@@ -26,6 +26,7 @@ ENDPOINTS = [
     ("POST", "/api/chat", {"model": STARTER, "messages": []}, "ollama"),
     ("POST", "/api/generate", {"model": STARTER, "prompt": ""}, "ollama"),
     ("DELETE", "/api/delete", {"model": "no-such-model"}, "ollama"),
+    ("POST", "/api/pull", {"model": "no-such-model"}, "ollama"),
 ]
 IDS = [f"{method} {path}" for method, path, _, _ in ENDPOINTS]
 

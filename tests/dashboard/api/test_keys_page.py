@@ -43,14 +43,56 @@ def test_a_duplicate_name_is_refused(client, admin_user):
     assert ApiKey.objects.filter(name="nas").count() == 1
 
 
-def test_staff_revoke_a_key_with_a_post_only(client, admin_user):
+def test_staff_revoke_a_key_with_a_post_only_after_confirming(client, admin_user):
     key, _ = ApiKey.create("old-script")
     client.force_login(admin_user)
     assert client.get(f"/api-keys/{key.pk}/revoke/").status_code == 405
-    response = client.post(f"/api-keys/{key.pk}/revoke/")
+
+    asked = client.post(f"/api-keys/{key.pk}/revoke/")  # the table's Revoke… button
+    assert asked.status_code == 200
+    page = asked.content.decode()
+    assert "Revoke the key old-script?" in page and 'name="confirm" value="yes"' in page
+    key.refresh_from_db()
+    assert not key.revoked  # nothing happens before the confirmation
+
+    response = client.post(f"/api-keys/{key.pk}/revoke/", {"confirm": "yes"})
     assert response.status_code == 302
     key.refresh_from_db()
     assert key.revoked
+
+
+def test_a_member_cannot_revoke(client, member):
+    key, _ = ApiKey.create("kept")
+    client.force_login(member)
+    assert client.post(f"/api-keys/{key.pk}/revoke/", {"confirm": "yes"}).status_code == 403
+    key.refresh_from_db()
+    assert not key.revoked
+
+
+def test_the_new_key_comes_with_examples_for_this_box_and_a_copy_button(
+    client, admin_user, starter_model, settings
+):
+    settings.ALLOWED_HOSTS = ["nas.local"]  # the name the household reaches the box by
+    client.force_login(admin_user)
+    response = client.post(
+        "/api-keys/", {"name": "ha", "scope": "chat"}, HTTP_HOST="nas.local:8000"
+    )
+    page = response.content.decode()
+    raw = re.search(r'<code id="new-key">([^<]+)</code>', page).group(1)
+    assert 'data-copy="new-key"' in page and "js/keys.js" in page
+    # Home Assistant's fields, then curl (both dialects) and the two Python clients.
+    assert '<code id="ha-url">http://nas.local:8000</code>' in page
+    assert f'<code id="ha-key">{raw}</code>' in page
+    assert f'<code id="ha-model">{starter_model.name}</code>' in page
+    assert "curl http://nas.local:8000/v1/chat/completions" in page
+    assert "curl http://nas.local:8000/api/chat" in page
+    assert (
+        f"OpenAI(base_url=&quot;http://nas.local:8000/v1&quot;, api_key=&quot;{raw}&quot;)" in page
+    )
+    assert f"Bearer {raw}" in page and "from ollama import Client" in page
+    # Without a new key the examples say where the key goes, and hold none.
+    listing = client.get("/api-keys/", HTTP_HOST="nas.local:8000").content.decode()
+    assert "YOUR_KEY" in listing and raw not in listing
 
 
 def test_forms_need_the_csrf_token(admin_user):

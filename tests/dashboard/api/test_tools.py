@@ -137,3 +137,23 @@ def test_a_template_without_tools_renders_a_plain_prompt_and_parses_nothing():
     prompt = _render(model, [{"role": "user", "content": "hi"}], WEATHER)
     assert "get_weather" not in prompt.text
     assert prompt.tool_parser() is None
+
+
+def test_an_answer_that_may_hold_calls_gets_a_lazy_tool_call_grammar():
+    from dashboard.api.prompts import ChatPrompt
+    from inference.engine.params import SamplingParams
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    prompt = ChatPrompt("text", True, {"get_weather"}, tools=tools)
+    params = prompt.constrain({"temperature": 0.5})
+    assert params["temperature"] == 0.5
+    assert params["grammar_triggers"] == ("<tool_call>",)
+    assert '"\\"get_weather\\""' in params["grammar"] and '"\\"city\\""' in params["grammar"]
+    SamplingParams(**params)  # the engine takes it as it is
+    one = prompt.constrain({}, parallel=False)["grammar"]
+    assert one.count('"<tool_call>"') == 1 < params["grammar"].count('"<tool_call>"')
+    # A request's own grammar (format, response_format) holds the whole answer instead.
+    assert prompt.constrain({"grammar": 'root ::= "x"'}) == {"grammar": 'root ::= "x"'}
+    # Without offered tools, or with a template that marks no calls, nothing is added.
+    assert ChatPrompt("text", True, None).constrain({}) == {}

@@ -8,7 +8,7 @@ from django.contrib.messages import get_messages
 
 from inference.engine.host import EngineHost
 from inference.importing import register_file
-from inference.preflight import preflight
+from inference.preflight import fit
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
 from tests.inference.engine.fakes import FakeRunner
@@ -49,7 +49,7 @@ def fake_engine():
         runners.append(runner)
         return runner
 
-    host = EngineHost(factory, max_loaded=2, itl_target=0.05, preflight=preflight)
+    host = EngineHost(factory, max_loaded=2, itl_target=0.05, preflight=fit)
     previous = client_module._client
     set_client(EmbeddedClient(host))
     yield SimpleNamespace(host=host, runners=runners)

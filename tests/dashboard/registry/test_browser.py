@@ -1,6 +1,8 @@
 """The registry pages in a real browser (Debian's chromium) against a live appliance: an upload
 over XHR with its progress bar, the hash arriving live, and a real load of the starter model."""
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -80,7 +82,8 @@ def test_loading_the_starter_model_shows_it_loaded_with_what_it_took(page, appli
     expect(page.locator(".flash")).to_contain_text("smollm2-135m-instruct is loaded in",
                                                    timeout=120_000)  # fmt: skip
     expect(page.locator("#loaded-badge")).to_have_text("loaded")
-    expect(page.locator("#measured")).to_contain_text("MiB")
+    expect(page.locator("#measured")).to_contain_text(re.compile(r"^\d+(\.\d)? (MiB|GiB) in "))
+    expect(page.locator("#load-state")).to_contain_text(re.compile(r"^Loaded \d+s ago"))
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
     page.screenshot(path=str(artifacts / "registry-model.png"), full_page=True)

@@ -1,5 +1,6 @@
 """Load, unload, make default and delete from the pages, through the inference client."""
 
+import re
 import threading
 
 import pytest
@@ -147,7 +148,11 @@ def test_a_real_load_records_what_it_took_next_to_the_estimate(staff, starter_mo
         assert starter_model.measured_bytes and starter_model.measured_bytes > 0
         assert starter_model.estimated_bytes > starter_model.size_bytes * 0.9
         page = staff.get(reverse("model-detail", args=[starter_model.name])).content.decode()
-        assert "What the last load took" in page and "not loaded yet" not in page
+        assert "Measured at the last load with the Load button" in page
+        assert "not measured yet" not in page
+        # One source for the load state: the badge and the line both say loaded.
+        assert 'id="loaded-badge"' in page and ">loaded</span>" in page
+        assert re.search(r'id="load-state"[^>]*>Loaded \d+s ago \(the load took ', page)
     finally:
         set_client(previous)
         client.host.shutdown()

@@ -87,7 +87,10 @@ def test_the_estimate_is_shown_against_free_memory(staff, tiny_model):
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "Estimate for these settings" in page
     # 256 per sequence x 8 slots: 4 running sequences and 4 that keep finished turns cached
-    assert "KV cache (2048 tokens, f16)" in page
+    assert (
+        "256 tokens per sequence × 8 sequences (4 answering at once + 4 kept for cached "
+        "conversations) = 2048 tokens, f16"
+    ) in page
     assert "Fits in the memory free now" in page
 
 

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.django_db
 VALID = {
     "n_ctx": 256, "n_gpu_layers": -1, "n_threads": 2, "n_batch": 512, "n_ubatch": 256,
     "kv_type": "f16", "parallel": 2, "keep_alive": "10m", "system_prompt": "Be brief.",
-    "default_params": '{"temperature": 0.2, "top_k": 20}', "chat_template_override": "",
+    "sampling_temperature": "0.2", "sampling_top_k": "20", "chat_template_override": "",
 }  # fmt: skip
 
 
@@ -28,7 +28,7 @@ def test_valid_settings_are_saved_and_the_estimate_follows(staff, tiny_model):
     response = post(staff, tiny_model)
 
     assert response.status_code == 302
-    assert flashes(response) == [f"Settings of {tiny_model.name} saved."]
+    assert flashes(response) == [f"Settings of {tiny_model.name} saved; they apply when it loads."]
     tiny_model.refresh_from_db()
     assert (tiny_model.n_ctx, tiny_model.parallel, tiny_model.n_threads) == (256, 2, 2)
     assert tiny_model.default_params == {"temperature": 0.2, "top_k": 20}
@@ -36,9 +36,18 @@ def test_valid_settings_are_saved_and_the_estimate_follows(staff, tiny_model):
     assert tiny_model.estimated_bytes < before  # 2 sequences' KV cache instead of 4
 
 
+def test_a_context_of_0_is_saved_as_automatic(staff, tiny_model):
+    response = post(staff, tiny_model, n_ctx=0)
+
+    assert response.status_code == 302
+    tiny_model.refresh_from_db()
+    assert tiny_model.n_ctx == 0
+
+
 @pytest.mark.parametrize("changes, field, message", [
     ({"n_ctx": 512}, "n_ctx", "less than or equal to 256"),
-    ({"n_ctx": 100}, "n_ctx", "greater than or equal to 256"),
+    ({"n_ctx": 100}, "n_ctx", "must be 0 (automatic) or at least 256"),
+    ({"n_ctx": -1}, "n_ctx", "greater than or equal to 0"),
     ({"n_gpu_layers": -2}, "n_gpu_layers", "greater than or equal to -1"),
     ({"n_gpu_layers": 1001}, "n_gpu_layers", "less than or equal to 1000"),
     ({"n_threads": 257}, "n_threads", "less than or equal to 256"),
@@ -50,13 +59,17 @@ def test_valid_settings_are_saved_and_the_estimate_follows(staff, tiny_model):
     ({"kv_type": "q8_0"}, "kv_type", "needs flash attention"),
     ({"kv_type": "q2"}, "kv_type", "Select a valid choice"),
     ({"keep_alive": "soon"}, "keep_alive", "keep_alive must be a duration"),
-    ({"default_params": '{"temperature": 9}'}, "default_params",
-     "temperature: must be between 0.0 and 5.0, got 9"),
-    ({"default_params": '{"top_k": "many"}'}, "default_params", "top_k: must be an integer"),
-    ({"default_params": '{"tempreature": 0.5}'}, "default_params",
-     "unknown sampling parameter: tempreature"),
-    ({"default_params": "{temperature: 1}"}, "default_params", "not valid JSON"),
-    ({"default_params": "[1, 2]"}, "default_params", "must be a JSON object"),
+    ({"sampling_temperature": "9"}, "sampling_temperature", "less than or equal to 5.0"),
+    ({"sampling_temperature": "-0.1"}, "sampling_temperature", "greater than or equal to 0.0"),
+    ({"sampling_top_p": "1.5"}, "sampling_top_p", "less than or equal to 1.0"),
+    ({"sampling_min_p": "nan"}, "sampling_min_p", "Enter a number"),
+    ({"sampling_top_k": "many"}, "sampling_top_k", "Enter a whole number"),
+    ({"sampling_top_k": "100001"}, "sampling_top_k", "less than or equal to 100000"),
+    ({"sampling_repeat_penalty": "6"}, "sampling_repeat_penalty", "less than or equal to 5.0"),
+    ({"sampling_max_tokens": "0"}, "sampling_max_tokens", "greater than or equal to 1"),
+    ({"sampling_stop": "x" * 257}, "sampling_stop", "each stop string must be 1 to 256"),
+    ({"sampling_stop": "\n".join(f"s{i}" for i in range(17))}, "sampling_stop",
+     "at most 16 stop strings"),
     ({"chat_template_override": "{% for m in messages %}"}, "chat_template_override",
      "the template cannot render a conversation"),
     ({"chat_template_override": "{{ ''.__class__.__mro__ }}"}, "chat_template_override",
@@ -92,3 +105,23 @@ def test_a_chat_template_override_that_renders_is_kept(staff, tiny_model):
 def test_the_errors_are_shown_on_the_page(staff, tiny_model):
     page = post(staff, tiny_model, n_ctx=999999).content.decode()
     assert "less than or equal to 256" in page and 'class="errorlist' in page
+
+
+def test_default_sampling_is_a_small_form_that_keeps_what_it_has_no_field_for(staff, tiny_model):
+    tiny_model.default_params = {"seed": 7, "temperature": 0.9}
+    tiny_model.save()
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert 'name="sampling_temperature"' in page and 'value="0.9"' in page
+    assert 'name="default_params"' not in page  # no raw JSON box
+    assert 'max="5.0"' in page and 'min="0.0"' in page  # the engine's bounds, in the browser too
+
+    response = post(staff, tiny_model, sampling_temperature="", sampling_top_p="0.8",
+                    sampling_max_tokens="2048", sampling_stop="User:\r\n\r\n###\r\n")
+    assert response.status_code == 302
+    tiny_model.refresh_from_db()
+    # An emptied field goes back to the engine's default; seed has no field and stays.
+    assert tiny_model.default_params == {
+        "seed": 7, "top_k": 20, "top_p": 0.8, "max_tokens": 2048, "stop": ["User:", "###"],
+    }
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert "User:\n###</textarea>" in page

@@ -91,3 +91,55 @@ def test_a_malformed_snapshot_gives_empty_panels_rather_than_an_error(junk):
     json.dumps(result, allow_nan=False)
     assert result["prompt_tps"] == 0.0
     assert result["runners"] == []
+
+
+def window(prompt, output, ttft_p95, itl_max, series_output):
+    return {"seconds": 30, "prompt_tps": prompt, "output_tps": output, "busy_fraction": 0.5,
+            "ended": 2, "ttft": {"p50": 0.1, "p95": ttft_p95, "p99": ttft_p95, "max": 1.0,
+                                 "count": 2},
+            "itl": {"p50": 0.02, "p95": 0.03, "p99": 0.04, "max": itl_max, "count": 100},
+            "series": {"step_s": 1.0, "output_tps": series_output,
+                       "itl_p95": [None] * 29 + [itl_max]}}  # fmt: skip
+
+
+def test_the_windows_of_several_models_add_throughput_and_keep_the_worst_latency():
+    result = panels({"models": {
+        "a": {"windows": {"30": window(800.0, 30.0, 0.4, 0.1, [1.0] * 30)}},
+        "b": {"windows": {"30": window(100.0, 10.0, 0.9, 0.5, [2.0] * 30)}},
+    }})  # fmt: skip
+    json.dumps(result, allow_nan=False)
+    short = result["windows"]["30"]
+    assert (short["prompt_tps"], short["output_tps"], short["ended"]) == (900.0, 40.0, 4)
+    assert (short["ttft"]["p95"], short["itl"]["max"]) == (0.9, 0.5)
+    assert short["ttft"]["count"] == 4 and short["itl"]["count"] == 200
+    assert short["series"]["output_tps"] == [3.0] * 30  # point by point
+    assert short["series"]["itl_p95"][-1] == 0.5 and short["series"]["itl_p95"][0] is None
+    assert len(short["series"]["ttft_p50"]) == 30  # missing columns are padded, not absent
+    # A window no model reported reads 0 and none, never a stale number.
+    assert result["windows"]["3600"]["output_tps"] == 0.0
+    assert result["windows"]["3600"]["itl"]["p50"] is None
+
+
+def test_the_step_columns_are_bounded_and_aligned_whatever_a_worker_sends():
+    steps = {"ago": [float(i) for i in range(500, 0, -1)], "decode": [1] * 500,
+             "prompt": [30] * 499 + [float("nan")], "ms": [20.0] * 500, "seqs": [2] * 10}
+    model = panels({"models": {"m": {"steps": steps}}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    cut = model["steps"]
+    assert {len(column) for column in cut.values()} == {10}  # the common tail
+    assert cut["ago"] == [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    assert cut["prompt"][-1] == 0 and all(isinstance(v, int) for v in cut["decode"])
+    full = panels({"models": {"m": {"steps": {**steps, "seqs": [2] * 500}}}})["models"]["m"]
+    assert len(full["steps"]["ago"]) == 300
+
+
+def test_each_running_stream_is_listed_with_its_model_and_checked_fields():
+    streams = [{"id": "abcdef0123456789", "phase": "decoding", "prompt_tokens": 100,
+                "cached_tokens": 40, "computed": 100, "output_tokens": 12, "max_tokens": 512,
+                "tps": 21.5, "last_token_ago": 0.04, "age": 3.0},
+               {"id": "<script>", "phase": "<b>", "tps": "fast"}, "junk"]  # fmt: skip
+    result = panels({"models": {"m": {"streams": streams}}})
+    json.dumps(result, allow_nan=False)
+    first, second = result["streams"]
+    assert (first["model"], first["id"], first["tps"]) == ("m", "abcdef01", 21.5)
+    assert (second["phase"], second["tps"], second["id"]) == ("prefilling", None, "<script>")

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 
+from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.request import Request
 from inference.engine.scheduler import Chunk
@@ -98,6 +99,10 @@ class FakeRunner:
         return token == EOG
 
     # --- samplers ----------------------------------------------------------------------------
+
+    def validate(self, params: SamplingParams) -> None:
+        if params.grammar is not None:  # its tokens follow the KV, not a grammar
+            raise InvalidParams("grammar", "the fake runner samples no grammar")
 
     def prepare(self, request: Request) -> None:
         with self._lock:

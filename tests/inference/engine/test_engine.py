@@ -45,7 +45,9 @@ def test_a_request_streams_its_phases_then_its_tokens_then_done(make_engine):
     events = collect(engine.submit("Hello there", greedy(5)))
     kinds = [(e.type, getattr(e, "phase", None)) for e in events]
     assert kinds == [
-        ("phase", "waiting"), ("phase", "prefilling"), ("phase", "decoding"),
+        ("phase", "waiting"), ("phase", "prefilling"),
+        ("progress", "prefilling"), ("progress", "prefilling"),  # 0 of 11 read, then 11 of 11
+        ("phase", "decoding"),
         *[("token", None)] * 5,
         ("done", None),
     ]  # fmt: skip
@@ -208,7 +210,10 @@ def test_cancelling_a_waiting_request_ends_it_and_frees_its_sampler(make_engine)
     assert wait_until(lambda: engine.snapshot()["queue_depth"] == 1)
     waiting.cancel()
     events = collect(waiting)
-    assert [e.type for e in events] == ["phase", "done"]
+    assert [(e.type, getattr(e, "phase", None)) for e in events] == [
+        ("phase", "waiting"), ("progress", "waiting"), ("done", None)
+    ]
+    assert events[1].ahead == 0  # next in line, behind the running one
     assert events[-1].finish_reason == "cancelled"
     assert events[-1].figures["output_tokens"] == 0
     assert waiting.id in fake.released
@@ -239,13 +244,13 @@ def test_cancelling_a_decoding_request_frees_its_slot_sampler_and_kv(make_engine
     engine, fake = make_engine(FakeRunner(overhead=0.002))
     handle = engine.submit("decode me", greedy(1000))
     events = handle.events(timeout=TIMEOUT)
-    seen = [next(events) for _ in range(3 + 3)]  # three phases, three tokens
-    assert [e.type for e in seen[3:]] == ["token"] * 3
+    seen = [next(events) for _ in range(3 + 2 + 3)]  # three phases, two progress, three tokens
+    assert [e.type for e in seen[5:]] == ["token"] * 3
     handle.cancel()
     rest = list(events)
     assert rest[-1].type == "done" and rest[-1].finish_reason == "cancelled"
     assert 3 <= rest[-1].figures["output_tokens"] < 1000
-    assert rest[-1].text.startswith("".join(e.text for e in seen[3:]))
+    assert rest[-1].text.startswith("".join(e.text for e in seen[5:]))
     assert wait_until(lambda: fake.kv_used() == 0)
     assert_all_freed(engine, fake)
     assert engine.snapshot()["outcomes"]["cancelled"] == 1

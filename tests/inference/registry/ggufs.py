@@ -8,8 +8,20 @@ from tests.inference.gguf.conftest import TEMPLATE, write_tiny_gguf
 __all__ = ["TEMPLATE", "corrupt_copy", "tiny_gguf", "write_tiny_gguf"]
 
 
-def tiny_gguf(path: Path, **options) -> Path:
+def tiny_gguf(path: Path, *, same_bytes: bool = False, **options) -> Path:
+    """A tiny model at `path`. Files at different paths differ by a metadata key (the registry
+    keeps one entry per file, and two tiny models are meant as two models) unless
+    `same_bytes`: then every call writes the same file (a copy)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not same_bytes:
+        extra = options.pop("extra", None)
+
+        def mark(writer):
+            writer.add_string("test.written_at", str(path))
+            if extra is not None:
+                extra(writer)
+
+        options["extra"] = mark
     return write_tiny_gguf(path, **options)
 
 

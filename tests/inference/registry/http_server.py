@@ -21,6 +21,7 @@ class ModelServer:
         self.redirects: dict[str, str] = {}  # path -> Location of a 302
         self.drop_after: int | None = None  # bytes sent before dropping the connection…
         self.drops_left = 0  # …on this many requests
+        self.drop_prefix = ""  # …whose path starts with this
         self.delay = 0.0  # seconds between pieces
         self.pause_after: int | None = None  # bytes sent before waiting for `resume`
         self.resume = threading.Event()
@@ -91,7 +92,8 @@ class ModelServer:
                 self.send_header("Content-Type", "application/octet-stream")
                 self.end_headers()
                 payload = body[start:]
-                if owner.drops_left > 0 and owner.drop_after is not None:
+                dropping = owner.drop_after is not None and name.startswith(owner.drop_prefix)
+                if owner.drops_left > 0 and dropping:
                     owner.drops_left -= 1
                     self.wfile.write(payload[: owner.drop_after])
                     self.wfile.flush()

@@ -48,7 +48,7 @@ def test_register_file_fills_every_field_and_the_hash(tiny_file):
     assert model.metadata["bos_token"] == "<|im_start|>"
     assert model.metadata["eos_token"] == "<|im_end|>"
     assert model.metadata["vocab_size"] == 16
-    assert model.n_ctx == 256  # the default 2048 does not fit a 256-token model
+    assert model.n_ctx == 0  # automatic: sized at each load (inference.preflight)
     assert model.estimated_bytes > info.weights_bytes
     assert model.is_default  # the first model
     assert model.hidden is False

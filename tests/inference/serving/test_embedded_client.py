@@ -59,3 +59,31 @@ async def test_leaving_while_the_model_loads_cancels_the_request_once_it_exists(
         assert engine.snapshot()["outcomes"]["cancelled"] == 1
     finally:
         client.host.shutdown()
+
+
+async def test_a_request_that_waits_for_its_model_to_load_is_told_so_first():
+    client, _ = make_client(load_s=0.8)
+    try:
+        generation = Generation(model="m", prompt="hello", params={"max_tokens": 2})
+        events = [e async for e in client.stream(generation, spec("m"))]
+        assert events[0] == {"type": "phase", "phase": "loading",
+                             "request_id": generation.request_id, "model": "m"}  # fmt: skip
+        assert [e.get("phase") for e in events[1:3]] == ["waiting", "prefilling"]
+        assert events[-1]["type"] == "done"
+        # Warm now: no loading event.
+        again = Generation(model="m", prompt="hello", params={"max_tokens": 2})
+        kinds = [e.get("phase") async for e in client.stream(again, spec("m"))]
+        assert "loading" not in kinds
+    finally:
+        client.host.shutdown()
+
+
+async def test_a_refusal_after_a_load_still_comes_as_one_error_event_after_the_loading_one():
+    client, _ = make_client(load_s=0.8)
+    try:
+        generation = Generation(model="m", prompt="x" * 300, params={"max_tokens": 2})
+        events = [e async for e in client.stream(generation, spec("m"))]
+        assert [e["type"] for e in events] == ["phase", "error"]
+        assert events[0]["phase"] == "loading" and events[1]["code"] == "too_long"
+    finally:
+        client.host.shutdown()

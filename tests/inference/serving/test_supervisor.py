@@ -59,7 +59,9 @@ def state(sup: RunnerSupervisor, model: str = "m") -> dict:
 def test_a_runner_answers_with_the_engines_events(tmp_path, runners):
     process = start(supervisor(tmp_path), runners)
     events = answer(process, max_tokens=5)
-    assert [e.type for e in events if e.type != "phase"] == ["token"] * 5 + ["done"]
+    answer_events = [e.type for e in events if e.type not in ("phase", "progress")]
+    assert answer_events == ["token"] * 5 + ["done"]
+    assert any(e.type == "progress" for e in events)  # prefill progress crossed too
     assert events[-1].text == "".join(e.text for e in events if e.type == "token")
     assert process.pid != os.getpid()
     assert process.answered == 1 and not process.busy

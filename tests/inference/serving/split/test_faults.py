@@ -55,6 +55,9 @@ async def test_a_runner_killed_under_the_worker_ends_the_answer_and_the_worker_s
 
     assert await eventually(lambda: len(runners()) == 1)  # the worker's snapshot names it
     (runner,) = runners()
+    # A host whose CPU faults with llama.cpp's extra buffer types (AMX) restarted it once
+    # already, in the CPU self-check: count from here.
+    restarts_before = runner["restarts"]
 
     async def segfault_after_three_tokens(event, events):
         if event["type"] == "token" and len(tokens(events)) == 3:
@@ -69,7 +72,7 @@ async def test_a_runner_killed_under_the_worker_ends_the_answer_and_the_worker_s
     after = await collect(split_client, short(), spec)  # the same worker, a new runner
     assert after[-1]["type"] == "done", after[-1]
     assert worker.process.poll() is None
-    assert await eventually(lambda: [r["restarts"] for r in runners()] == [1])
+    assert await eventually(lambda: [r["restarts"] for r in runners()] == [restarts_before + 1])
     assert runners()[0]["pid"] != runner["pid"]
 
 

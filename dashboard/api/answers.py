@@ -1,0 +1,50 @@
+"""An answer as it streams, split into its thinking, its content and its tool calls.
+
+The thinking block comes first (inference.thinking), and tool calls are parsed out of the
+content only (dashboard.api.tools): a model that mentions "<tool_call>" while it thinks has not
+called anything. Both parsers hold back what they cannot decide yet, so a streamed answer and
+the same answer parsed whole come out the same.
+"""
+
+from dataclasses import dataclass
+
+from dashboard.api.tools import ToolCall, ToolCallParser
+from inference.thinking import ThinkingSplitter
+
+
+@dataclass(slots=True, frozen=True)
+class Piece:
+    thinking: str = ""
+    content: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.thinking or self.content)
+
+
+class AnswerParser:
+    def __init__(self, thinking: ThinkingSplitter | None, tools: ToolCallParser | None):
+        self._thinking = thinking
+        self._tools = tools
+
+    def feed(self, text: str) -> Piece:
+        """Take a piece of the answer; return the thinking and content that are final."""
+        thinking, content = self._thinking.feed(text) if self._thinking else ("", text)
+        if self._tools and content:
+            content = self._tools.feed(content)
+        return Piece(thinking, content)
+
+    def finish(self) -> tuple[Piece, list[ToolCall]]:
+        """The rest of the answer and its tool calls, once it has ended."""
+        thinking, content = self._thinking.finish() if self._thinking else ("", "")
+        calls: list[ToolCall] = []
+        if self._tools:
+            content = self._tools.feed(content)
+            rest, calls = self._tools.finish()
+            content += rest
+        return Piece(thinking, content), calls
+
+    def whole(self, text: str) -> tuple[Piece, list[ToolCall]]:
+        """A whole answer (stream: false) parsed at once."""
+        first = self.feed(text)
+        rest, calls = self.finish()
+        return Piece(first.thinking + rest.thinking, first.content + rest.content), calls

@@ -1,0 +1,31 @@
+"""The models page's "pull by name": the same pull job as /api/pull (inference.pulling), its
+progress in the page's jobs table like a download's. Staff only."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from dashboard.registry.actions import staff_required
+from dashboard.registry.forms import PullForm
+from dashboard.registry.views import job_json, wants_json
+from inference import tasks
+
+
+@login_required
+@staff_required
+@require_POST
+def pull(request: HttpRequest) -> HttpResponse:
+    form = PullForm(request.POST)
+    if not form.is_valid():
+        message = form.errors["name"][0]
+        if wants_json(request):
+            return JsonResponse({"error": message}, status=400)
+        messages.error(request, f"Pull refused: {message}")
+        return redirect("models")
+    job = tasks.schedule_pull(form.cleaned_data["name"])
+    if wants_json(request):
+        return JsonResponse(job_json(job), status=202)
+    messages.info(request, f"Pulling {job.source}: progress below.")
+    return redirect("models")

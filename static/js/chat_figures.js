@@ -1,0 +1,88 @@
+/* The chat's words for numbers: an answer's figures as chips that explain themselves when
+   tapped (no hover-only tooltips: a phone cannot hover), and the status line's text for the
+   engine's phase and progress frames. Figures are defined in ../shared DESIGN.md's table. */
+(function () {
+  "use strict";
+
+  // Under this many computed prompt tokens a rate says nothing: "58 of 59 cached" instead.
+  const MIN_COMPUTED_FOR_RATE = 32;
+
+  const number = (value) => (value === null || value === undefined ? "–" : Number(value).toLocaleString("en"));
+
+  function seconds(value) {
+    if (value === null || value === undefined) return "–";
+    return value < 1 ? Math.round(value * 1000) + " ms" : value.toFixed(2) + " s";
+  }
+
+  function rate(value) {
+    if (value === null || value === undefined) return "–";
+    return (value >= 100 ? Math.round(value) : value.toFixed(1)) + " tok/s";
+  }
+
+  function ttftExplanation(f) {
+    const parts = [];
+    if (f.queue_time) parts.push("waiting " + seconds(f.queue_time));
+    if (f.load_time) parts.push("loading the model " + seconds(f.load_time));
+    if (f.prefill_time !== undefined && f.prefill_time !== null) parts.push("reading the prompt " + seconds(f.prefill_time));
+    return "Time to first token: from sending the message to the first word of the answer" +
+      (parts.length ? " (" + parts.join(", ") + ")." : ".");
+  }
+
+  /* [{label, value, explain}] for an answer's figures; [] when it has none. */
+  function figureChips(f) {
+    if (!f || (f.ttft === undefined && f.output_tokens === undefined)) return [];
+    const chips = [{ label: "TTFT", value: seconds(f.ttft), explain: ttftExplanation(f) }];
+    const prompt = f.prompt_tokens, cached = f.cached_tokens || 0;
+    const computed = prompt === undefined || prompt === null ? null : prompt - cached;
+    if (computed !== null && computed < MIN_COMPUTED_FOR_RATE && cached > 0) {
+      chips.push({
+        label: "prompt", value: number(cached) + " of " + number(prompt) + " cached",
+        explain: "Almost all of the prompt was already in the model's memory from the turn before " +
+          "(the prefix cache), so only " + number(computed) + " new tokens were read: too few for a " +
+          "meaningful reading speed.",
+      });
+    } else {
+      chips.push({
+        label: "prompt", value: rate(f.prompt_tps),
+        explain: "Prompt reading speed (prefill): the " + number(computed) + " prompt tokens that were " +
+          "not cached, over the time it took to read them. Reading is done in parallel and is much " +
+          "faster than writing.",
+      });
+    }
+    chips.push({
+      label: "decode", value: rate(f.decode_tps),
+      explain: "Writing speed (decode): tokens of the answer per second after the first one. Each " +
+        "token depends on the one before, so this is slower than reading the prompt.",
+    });
+    chips.push({
+      label: "tokens",
+      value: number(prompt) + " in · " + number(f.cached_tokens) + " cached · " + number(f.output_tokens) + " out",
+      explain: "Prompt tokens (the conversation as the model read it), of which reused from the prefix " +
+        "cache, and tokens written in this answer" +
+        (f.answer_tokens ? " (" + number(f.answer_tokens) + " in the whole answer, with its continuations)." : "."),
+    });
+    return chips;
+  }
+
+  const PHASES = {
+    loading: "Loading model…",
+    waiting: "Waiting for a free slot…",
+    prefilling: "Reading the prompt…",
+    decoding: "Writing…",
+  };
+
+  /* The status line for a phase or progress frame ("" for none). */
+  function statusText(frame) {
+    if (!frame) return "";
+    if (frame.type === "progress" && frame.phase === "waiting" && typeof frame.ahead === "number") {
+      return frame.ahead > 0 ? "Waiting: " + number(frame.ahead) + " ahead of you" : "Waiting: you are next";
+    }
+    if (frame.type === "progress" && frame.phase === "prefilling" && typeof frame.total === "number") {
+      return "Reading the prompt: " + number(frame.done) + " / " + number(frame.total) + " tokens" +
+        (frame.cached ? " (" + number(frame.cached) + " cached)" : "");
+    }
+    return PHASES[frame.phase] || "";
+  }
+
+  window.ChatFigures = { figureChips, statusText, seconds, number };
+})();

@@ -1,0 +1,36 @@
+"""A models directory of the test's own, tiny GGUF files, and a registry on loopback that the
+settings name (so the pull policy trusts it, as it trusts a configured registry)."""
+
+from pathlib import Path
+
+import pytest
+
+from tests.inference.pulling.registry import FakeRegistry
+from tests.inference.registry.ggufs import tiny_gguf
+
+
+@pytest.fixture
+def models_dir(settings, tmp_path) -> Path:
+    directory = tmp_path / "models"
+    directory.mkdir()
+    settings.MODELS_DIR = directory
+    return directory
+
+
+@pytest.fixture
+def registry(settings):
+    server = FakeRegistry().start()
+    settings.MODEL_REGISTRY_URL = server.base
+    settings.HF_ENDPOINT = server.base
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gguf(tmp_path) -> bytes:
+    return tiny_gguf(tmp_path / "served" / "tiny.gguf").read_bytes()
+
+
+@pytest.fixture
+def other_gguf(tmp_path) -> bytes:
+    return tiny_gguf(tmp_path / "served" / "other.gguf").read_bytes()

@@ -1,0 +1,36 @@
+"""Embeddings in split mode: SplitClient → task "inference.embed" → a real inference worker
+process and its runner, over real Redis; the vectors come back intact."""
+
+import math
+
+import pytest
+
+from inference.serving.embeds import EmbedError, EmbedJob
+
+pytestmark = [pytest.mark.redis, pytest.mark.model]
+
+TEXTS = ["Why is the sky blue?", "hello"]
+
+
+async def test_a_worker_embeds_texts_and_token_arrays(split_client, spec, shared_worker):
+    job = EmbedJob(spec.name, [*TEXTS, [1, 2, 3]], truncate=True, keep_alive=-1)
+    result = await split_client.embed(job, spec)
+    embedding = result.embedding
+    assert embedding.count == 3 and embedding.dim == 576
+    assert embedding.token_counts[2] == 3
+    for vector in embedding.vectors(normalised=True):
+        assert abs(math.sqrt(math.fsum(x * x for x in vector)) - 1.0) < 1e-5
+    again = await split_client.embed(EmbedJob(spec.name, [TEXTS[1]]), spec)
+    alone = again.embedding.vectors(normalised=False)[0]
+    together = embedding.vectors(normalised=False)[1]
+    assert max(abs(a - b) for a, b in zip(alone, together, strict=True)) < 1e-5
+
+
+async def test_a_refusal_comes_back_as_the_same_error_event(split_client, spec, shared_worker):
+    with pytest.raises(EmbedError) as refused:
+        await split_client.embed(EmbedJob(spec.name, [[10_000_000]]), spec)
+    assert refused.value.event["code"] == "invalid"
+    assert refused.value.event["field"] == "input"
+    with pytest.raises(EmbedError) as too_long:
+        await split_client.embed(EmbedJob(spec.name, ["word " * 1500], truncate=False), spec)
+    assert too_long.value.event["code"] == "too_long"
