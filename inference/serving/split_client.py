@@ -107,7 +107,7 @@ class SplitClient:
     def _layer(self):
         """A channel layer of this event loop's own for reply channels: channels_redis refuses
         to receive on one layer object from two event loops (a sync view's async_to_sync
-        thread next to Daphne's loop would otherwise break every stream)."""
+        thread next to the ASGI server's loop would otherwise break every stream)."""
         loop = asyncio.get_running_loop()
         layer = self._layers.get(loop)
         if layer is None:

@@ -1,8 +1,8 @@
 """A live appliance for the LAN API tests, started once per session in a subprocess.
 
-The API runs as it does on a box: Daphne, embedded mode, the real starter model through
-llama.cpp, keys created by the management command. A second server on the same data dir runs
-with a tiny rate limit and engine queue for the 429 tests.
+The API runs as it does on a box: uvicorn (`manage.py serve`), embedded mode, the real starter
+model through llama.cpp, keys created by the management command. A second server on the same
+data dir runs with a tiny rate limit and engine queue for the 429 tests.
 """
 
 import httpx

@@ -1,5 +1,5 @@
 """A real appliance in a subprocess: its own data dir, migrated and bootstrapped (the starter
-model registered and hashed), API keys made with `manage.py create_api_key`, served by Daphne
+model registered and hashed), API keys made with `manage.py create_api_key`, served by uvicorn
 through `manage.py serve` on a free localhost port."""
 
 import json

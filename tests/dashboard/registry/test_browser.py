@@ -16,7 +16,7 @@ PASSWORD = "pw-registry-browser-1"
 
 @pytest.fixture(scope="module")
 def appliance(tmp_path_factory):
-    """`manage.py serve` (migrate, bootstrap with the starter model, Daphne) in a subprocess;
+    """`manage.py serve` (migrate, bootstrap with the starter model, uvicorn) in a subprocess;
     the tests get its URL."""
     live = LiveAppliance(tmp_path_factory.mktemp("registry-live"), ADMIN_PASSWORD=PASSWORD)
     live.start(setup=True)
