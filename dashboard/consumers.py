@@ -32,7 +32,7 @@ Chat frames out:
     {"type": "branch", "id", "messages": [...], "context_start"}  (after a switch)
     {"type": "renamed", "id", "title"}
 A refused frame gets an error frame without message_id and changes nothing. An answer keeps
-running when its socket closes; a new socket attaches to it (dashboard.chat).
+running when its socket closes; a new socket attaches to it (dashboard.running_answers).
 """
 
 import asyncio
@@ -45,7 +45,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
-from dashboard import chat
+from dashboard import chat, running_answers
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.panels import panels
@@ -83,7 +83,7 @@ class ChatConsumer(_JsonConsumer):
     turn never waits for a slow socket, and an attach's replay cannot interleave with live
     frames."""
 
-    turn: chat.Turn | None = None  # the answer this socket watches (its own or attached)
+    turn: running_answers.Turn | None = None  # the answer this socket watches (its own or attached)
     outbox: asyncio.Queue | None = None
     sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
@@ -199,7 +199,7 @@ class ChatConsumer(_JsonConsumer):
         saved = await database_sync_to_async(chat.check_attach)(
             *self._who(), conversation_id=conversation
         )
-        turn = chat.running_turn(conversation)
+        turn = running_answers.running_turn(conversation)
         if turn is None or not turn.running or turn.user_id != self.scope["user"].pk:
             self.post({"type": "attached", "id": conversation, "running": False, **saved})
             return
@@ -227,7 +227,7 @@ class ChatConsumer(_JsonConsumer):
     async def on_stop(self, frame: dict) -> None:
         # Idempotent: a stop racing the answer's end is not an error.
         if self.turn is not None and self.turn.running:
-            await chat.cancel(self.turn, "stopped by the user")
+            await running_answers.cancel(self.turn, "stopped by the user")
 
     # --- the watched turn ----------------------------------------------------------------------
 
@@ -235,16 +235,16 @@ class ChatConsumer(_JsonConsumer):
         if self.turn is not None and self.turn.running:
             raise chat.ChatRefused("busy", "an answer is still streaming; stop it first")
 
-    def _watch(self, turn: chat.Turn, *, replay: bool) -> None:
+    def _watch(self, turn: running_answers.Turn, *, replay: bool) -> None:
         if self.turn is not None:
             self.turn.unsubscribe(self.post)
         self.turn = turn
         turn.subscribe(self.post, replay=replay)
 
-    def _start(self, turn: chat.Turn) -> None:
+    def _start(self, turn: running_answers.Turn) -> None:
         self.post(turn.announcement())
         self._watch(turn, replay=False)
-        chat.start(turn)
+        running_answers.start(turn)
 
     async def disconnect(self, code) -> None:
         # The answer runs on to its end (and is saved); a new socket can attach to it.

@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard import chat
+from dashboard import chat, chat_prompt, running_answers
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
 from inference.history import recent_requests
@@ -41,7 +41,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
         "context_start": None,
         "models": models,
         # Tokens per sequence, for the page's token counter.
-        "contexts": {model.name: chat.context_of(model) for model in registered},
+        "contexts": {model.name: chat_prompt.context_of(model) for model in registered},
         "model": default.name if default else None,
         "max_content_chars": chat.MAX_CONTENT_CHARS,
         "max_system_prompt_chars": chat.MAX_SYSTEM_PROMPT_CHARS,
@@ -74,7 +74,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
 @require_POST
 def delete_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=conversation_id, user=request.user)
-    if chat.is_active(conversation.pk):
+    if running_answers.is_active(conversation.pk):
         return HttpResponse("this conversation is answering; stop it first", status=409)
     conversation.delete()
     return redirect("chat")

@@ -21,6 +21,7 @@ class StepCostModel:
     _st: float = 0.0
     _snn: float = 0.0
     _snt: float = 0.0
+    fitted: bool = False  # whether the last steps had the spread in sizes to fit both terms
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -37,9 +38,11 @@ class StepCostModel:
         if var_n > 1.0:
             slope = (self._snt / self._w - mean_n * mean_t) / var_n
             if slope > 0:
+                self.fitted = True
                 self.per_token = slope
                 self.overhead = max(0.0, mean_t - slope * mean_n)
                 return
+        self.fitted = False
         # Too little spread in batch sizes to separate the two terms: keep the overhead and
         # attribute the rest of the time to the tokens, but never let the overhead claim more
         # than half of a step (a per-token cost near zero would open the budget to a full
@@ -56,6 +59,8 @@ class TokenBudget:
     itl_target: float  # seconds
     max_batch: int  # the context's n_batch: the most tokens one llama_decode call takes
     min_chunk: int = 1  # a prefill always advances by at least this much, so nothing starves
+    # The prompt's share of a step when the target cannot be met at all (see tokens()).
+    starved_chunk: int = 32
     safety: float = 0.8  # headroom for noise and the work between steps
     chunked: bool = True  # False: whole prompts in one step (the baseline it is measured against)
     cost: StepCostModel | None = None
@@ -75,6 +80,20 @@ class TokenBudget:
         else:
             allowed = (self.itl_target * self.safety - self.cost.overhead) / self.cost.per_token
         floor = decoding + self.min_chunk
+        if allowed < decoding:
+            # Even the decodes alone overrun the target (an overloaded box, or a model too big
+            # for it): holding prompts to min_chunk would still miss the target and starve
+            # them (seen on a loaded 2-core box: 0.7 s decode steps, a 1600-token prompt read
+            # one token per step). Share the step instead: the prompt may cost about as much
+            # as the decodes, so streams slow by about half while it is read. Until steps of
+            # different sizes have shown what a prompt token costs (decode-only steps cannot),
+            # a starved_chunk is tried: on a CPU a few dozen prompt tokens cost about one
+            # decode step, and the step it makes teaches the cost model the slope.
+            if self.cost.fitted:
+                share = int(self.cost.predict(decoding) / self.cost.per_token)
+            else:
+                share = self.starved_chunk
+            allowed = decoding + max(self.min_chunk, share)
         return min(self.max_batch, max(floor, int(allowed)))  # a step never exceeds n_batch
 
     def observe(self, tokens: int, seconds: float, decoding: int = 0) -> None:

@@ -146,7 +146,7 @@ class SamplingParams:
                     "grammar", f"nests groups deeper than {MAX_GRAMMAR_NESTING} levels"
                 )
         if not isinstance(triggers, tuple | list):
-            raise InvalidParams("grammar_triggers", "must be a list of regular expressions")
+            raise InvalidParams("grammar_triggers", "must be a list of trigger words")
         if triggers and grammar is None:
             raise InvalidParams("grammar_triggers", "triggers need a grammar")
         if len(triggers) > MAX_GRAMMAR_TRIGGERS:

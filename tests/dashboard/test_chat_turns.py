@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
-from dashboard import chat
+from dashboard import chat, running_answers
 from dashboard.models import Conversation, Message
 from tests.dashboard.web.sockets import open_socket, streamed_text, until_final
 
@@ -30,8 +30,8 @@ def _branch(conversation_id):
 async def no_answer_left_running():
     """An answer outlives its socket by design: stop what a test left, and wait for its save."""
     yield
-    for turn in chat.running_turns():
-        await chat.cancel(turn, "the test ended")
+    for turn in running_answers.running_turns():
+        await running_answers.cancel(turn, "the test ended")
         if turn.task is not None:
             await asyncio.wait_for(asyncio.gather(turn.task, return_exceptions=True), 120)
 

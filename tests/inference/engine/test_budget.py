@@ -78,8 +78,27 @@ def test_the_budget_fits_the_itl_target():
     assert budget.cost.predict(budget.tokens(1)) <= budget.itl_target
 
 
-def test_the_budget_never_drops_below_one_token_per_decoder_plus_a_prompt_chunk():
+def test_a_target_that_even_the_decodes_overrun_still_leaves_the_prompt_a_share():
+    # 0.02 s of overhead alone exceeds a 0.01 s target: nothing can meet it.
     budget = TokenBudget(0.01, 512, min_chunk=8, cost=StepCostModel(overhead=0.02, per_token=0.01))
+    # Nothing measured yet says what a prompt token costs: a starved chunk is tried.
+    assert budget.tokens(5) == 5 + 32
+    feed(budget.cost, overhead=0.5, per_token=0.001, steps=40)
+    assert budget.cost.fitted
+    # Measured: the decodes cost 0.505 s; the prompt may cost as much, 505 tokens.
+    assert budget.tokens(5) == 5 + 505
+
+
+def test_a_starved_prompt_never_gets_less_than_the_floor():
+    budget = TokenBudget(0.01, 512, min_chunk=8, starved_chunk=2,
+                         cost=StepCostModel(overhead=0.02, per_token=0.01))  # fmt: skip
+    assert budget.tokens(5) == 5 + 8
+
+
+def test_the_budget_never_drops_below_one_token_per_decoder_plus_a_prompt_chunk():
+    budget = TokenBudget(0.05, 512, min_chunk=8, cost=StepCostModel(overhead=0.03, per_token=0.002))
+    # (0.04 - 0.03) / 0.002 = 5 tokens allowed, below the floor of 5 + 8 but the target is met
+    # by the decodes alone: the floor holds.
     assert budget.tokens(5) == 13
 
 
@@ -129,5 +148,13 @@ def test_mixed_steps_are_smoothed_and_decode_only_steps_leave_the_budget_alone()
 
 def test_the_mixed_budget_never_drops_below_one_prompt_token_per_step():
     budget = TokenBudget(0.1, 512)
-    budget.observe(5, 10.0, decoding=4)
-    assert budget.tokens(4) == 5  # every decoder's token and one prompt token: never a stall
+    budget.observe(6, 0.1, decoding=4)
+    # 6 tokens took the whole 0.1 s: 4.8 fit the target with its safety margin, so only the
+    # decodes' 4 would fit; one prompt token rides along all the same.
+    assert budget.tokens(4) == 5
+
+
+def test_a_mixed_step_far_over_the_target_starts_sharing_the_step():
+    budget = TokenBudget(0.1, 512)
+    budget.observe(5, 10.0, decoding=4)  # decodes alone overran the target a hundredfold
+    assert budget.tokens(4) == 4 + 32

@@ -494,3 +494,20 @@ def test_any_workload_keeps_the_contract_and_every_answer_is_what_it_would_be_al
             assert request.output_ids == reference_output(
                 request.prompt_ids, request.max_new_tokens
             )
+
+
+def test_a_prompt_beside_a_stream_on_a_box_too_slow_for_the_target_is_still_read_in_chunks():
+    d = Driver(ctx_per_seq=1024, n_ctx=4096, max_batch=512, min_chunk=1)
+    # A decode step alone takes 0.7 s against the 0.1 s target: nothing can meet it.
+    d.budget.cost = StepCostModel(overhead=0.5, per_token=0.2)
+    stream = d.submit("stream", prompt(4, 1), max_tokens=500)
+    while stream.status != Status.DECODING:
+        d.step()
+    long = d.submit("long", prompt(600, 2), max_tokens=1)
+    steps = 0
+    while long not in d.finished:
+        d.step()
+        steps += 1
+        assert stream.status == Status.DECODING  # the stream writes on beside it
+    # Held to the one-token floor it would take 600 steps; it shares the steps instead.
+    assert steps <= 600 // 32 + 2

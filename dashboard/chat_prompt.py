@@ -1,0 +1,117 @@
+"""A chat turn's prompt and generation request: the system prompt, the turns that still fit
+the context (dashboard.chat_window), the new question, rendered with the model's chat template;
+and the sampling parameters and prefix-cache key that go with it.
+
+Apart from dashboard.chat, which persists the turn, because building the prompt only reads: a
+refusal here (a chat template that fails) leaves nothing to undo.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+
+from dashboard import chat_window
+from dashboard.chat_refused import ChatRefused
+from dashboard.models import Conversation, Message
+from inference.engine.params import MAX_TOKENS_LIMIT, SamplingParams
+from inference.gguf.chat_template import ChatTemplateError
+from inference.models import LLMModel
+from inference.prompting import render_prompt
+from inference.registry import spec_for
+from inference.serving.generation import Generation
+
+MIN_ANSWER_TOKENS = 2048  # the default answer length: what the context allows, at least this
+# What a chat answer uses unless the model's own default_params say otherwise (max_tokens is
+# filled in per model: the engine clamps it to the room the context leaves).
+CHAT_DEFAULT_PARAMS = {"temperature": 0.7}
+_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def _said(branch: list[Message]) -> list[Message]:
+    # An answer that failed before its first token says nothing.
+    return [m for m in branch if m.role == Message.Role.USER or m.content]
+
+
+def answer_tokens(message: Message) -> int:
+    """An answer's length in tokens as measured (over all its Continues), 0 when unknown."""
+    figures = message.figures or {}
+    return int(figures.get("answer_tokens") or figures.get("output_tokens") or 0)
+
+
+def _sized(message: Message) -> chat_window.Sized:
+    tokens = answer_tokens(message) if message.role == "assistant" else None
+    return chat_window.Sized(message.role, len(message.content), tokens or None)
+
+
+@dataclass(slots=True)
+class Prompt:
+    text: str
+    left_out: int
+    context_start: int | None  # a message id; None when nothing was left out
+
+
+def build(
+    model: LLMModel,
+    conversation: Conversation | None,
+    system_prompt: str,
+    earlier: list[Message],
+    new: list[dict],
+    *,
+    partial: str = "",
+) -> Prompt:
+    """The rendered prompt: the system prompt, the most recent of `earlier` that fit, then
+    `new` (the turn being asked). With `partial`, the last message of `new` is the assistant's
+    unfinished answer, which the model continues: it is appended after the generation prompt
+    instead of being rendered as a finished turn."""
+    earlier = _said(earlier)
+    sized = [_sized(m) for m in earlier] + [chat_window.Sized(m["role"], len(m["content"]))
+                                            for m in new]  # fmt: skip
+    previous = 0
+    if conversation is not None and conversation.context_start_id is not None:
+        ids = [m.pk for m in earlier]
+        if conversation.context_start_id in ids:
+            previous = ids.index(conversation.context_start_id)
+    window = chat_window.choose(sized, system_chars=len(system_prompt), n_ctx=context_of(model),
+                                previous_start=previous)  # fmt: skip
+    kept = earlier[window.start :]
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages += [{"role": m.role, "content": m.content} for m in kept]
+    rendered = new[:-1] if partial else new
+    messages += rendered
+    try:
+        text = render_prompt(model, messages)
+    except ChatTemplateError as exc:
+        raise ChatRefused("template", f"the model's chat template failed: {exc}") from None
+    left_out = min(window.start, len(earlier))
+    start = earlier[window.start].pk if left_out and window.start < len(earlier) else None
+    return Prompt(text + partial, left_out, start)
+
+
+def context_of(model: LLMModel) -> int:
+    """Tokens per sequence the model gets: its setting, or for "automatic" (0) what the
+    preflight would size it to now (its training context as far as memory allows)."""
+    if model.n_ctx:
+        return model.n_ctx
+    try:
+        from inference.preflight import automatic_ctx, gguf_info  # reads the GGUF header only
+
+        return automatic_ctx(gguf_info(model.file_path), spec_for(model).config)
+    except Exception:  # noqa: BLE001 - a missing or unreadable file: the load will say why
+        return model.context_length or 2048
+
+
+def _answer_params(model: LLMModel) -> dict:
+    room = max(MIN_ANSWER_TOKENS, context_of(model))  # the engine clamps it to the room left
+    params = {**CHAT_DEFAULT_PARAMS, "max_tokens": min(room, MAX_TOKENS_LIMIT),
+              **(model.default_params or {})}  # fmt: skip
+    return {key: value for key, value in params.items() if key in _SAMPLING_FIELDS}
+
+
+def generation(
+    model: LLMModel, prompt: str, conversation: Conversation, arrived: float
+) -> Generation:
+    # A person's conversations reuse only their own KV (the prefix cache is partitioned).
+    return Generation(
+        model=model.name, prompt=prompt, params=_answer_params(model),
+        cache_key=f"conv-{conversation.pk}", cache_partition=f"user:{conversation.user_id}",
+        accepted_wall=arrived,
+    )  # fmt: skip
