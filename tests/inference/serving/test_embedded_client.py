@@ -51,7 +51,8 @@ async def test_leaving_while_the_model_loads_cancels_the_request_once_it_exists(
         await asyncio.sleep(0.1)  # inside the load
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        assert await asyncio.to_thread(wait_until, lambda: "m" in factory.built, 5.0)
+        # The runner is built before its engine is recorded as loaded: wait for the host.
+        assert await asyncio.to_thread(wait_until, lambda: client.host.get("m"), 5.0)
         engine = client.host.get("m")
         assert await asyncio.to_thread(wait_until, lambda: not engine.busy, 5.0)
         runner = factory.built["m"][0]
