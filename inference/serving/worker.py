@@ -120,9 +120,8 @@ def embed(payload: dict) -> None:
     spec_to_dict(spec), "reply": channel name}. Claimed like a generation, then one "done"
     message with the vectors (EmbedResult.to_dict()) or an error event. Computing them twice
     after a redelivery is harmless, so no marks are kept."""
-    reply = payload.get("reply") if isinstance(payload, dict) else None
-    if not isinstance(reply, str) or not reply:
-        log.error("dropping an embed task without a reply channel")
+    reply = _reply_channel(payload, "embed")
+    if reply is None:
         return
     asyncio.run(_embed(runtime(), payload, reply))
 
@@ -149,10 +148,19 @@ async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
     await layer.send(reply, answer)
 
 
-def serve(rt: WorkerRuntime, payload: dict) -> None:
+def _reply_channel(payload: object, task: str) -> str | None:
+    """Where a task's answer goes; None (logged) when the payload names none: with nobody to
+    tell, the task is dropped."""
     reply = payload.get("reply") if isinstance(payload, dict) else None
     if not isinstance(reply, str) or not reply:
-        log.error("dropping a generate task without a reply channel")
+        log.error("dropping a %s task without a reply channel", task)
+        return None
+    return reply
+
+
+def serve(rt: WorkerRuntime, payload: dict) -> None:
+    reply = _reply_channel(payload, "generate")
+    if reply is None:
         return
     # One event loop per task thread: the channel layer keeps its Redis connections per loop.
     asyncio.run(_serve(rt, payload, reply))
