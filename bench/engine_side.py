@@ -8,6 +8,7 @@ import time
 from bench.measure import client_side, greedy
 from bench.prompts import FOLLOW_UP, make_tokens
 from inference.engine import Engine
+from inference.engine import GenerationRequest as ask  # noqa: N813
 from inference.engine.runner import LlamaRunner
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.runner_main import warm_up
@@ -52,7 +53,7 @@ class Recorder:
 
 def run(engine: Engine, prompt, max_tokens: int, **submit_kwargs):
     recorder = Recorder()
-    engine.submit(prompt, greedy(max_tokens), sink=recorder, **submit_kwargs)
+    engine.submit(ask(prompt, greedy(max_tokens), **submit_kwargs), sink=recorder)
     return recorder.wait()
 
 
@@ -90,7 +91,7 @@ def four_streams(engine: Engine, prompts: list[list[int]], steps: int) -> tuple[
     raw baseline's batched steps run). The engine may admit them a step apart."""
     recorders = [Recorder() for _ in prompts]
     for prompt, recorder in zip(prompts, recorders, strict=True):
-        engine.submit(prompt, greedy(steps + 1), sink=recorder)
+        engine.submit(ask(prompt, greedy(steps + 1)), sink=recorder)
     finals = [r.wait() for r in recorders]
     start = max(r.times[0] for r in recorders)
     end = min(r.times[-1] for r in recorders)
@@ -106,12 +107,12 @@ def stall_once(engine: Engine, tok, args: dict, salt: int) -> dict:
     b_started = threading.Event()
     a = Recorder(on_token=lambda n: n == args["a_warm_tokens"] and b_started.set())
     a_limit = engine.runner.ctx_per_seq - args["a_tokens"] - 1
-    a_handle = engine.submit(make_tokens(tok, args["a_tokens"], salt + 2), greedy(a_limit),
-                             sink=a)  # fmt: skip
+    a_prompt = make_tokens(tok, args["a_tokens"], salt + 2)
+    a_handle = engine.submit(ask(a_prompt, greedy(a_limit)), sink=a)
     if not b_started.wait(120):
         raise RuntimeError("stream A did not start")
-    b_accepted = time.perf_counter()
-    b = run(engine, b_prompt, max_tokens=2, accepted_at=b_accepted)
+    b_accepted, b_arrived = time.perf_counter(), time.time()
+    b = run(engine, b_prompt, max_tokens=2, arrived_wall=b_arrived)
     b_first = b_accepted + b.figures["ttft"]
     a_running = not a.finished.is_set()
     engine.cancel(a_handle.id)

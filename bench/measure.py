@@ -4,6 +4,7 @@ in-process Engine or a RunnerProcess. No llama_cpp here (a RunnerProcess client 
 import statistics
 import time
 
+from inference.engine import GenerationRequest as ask  # noqa: N813
 from inference.engine import SamplingParams
 
 
@@ -15,7 +16,7 @@ def client_run(target, prompt, max_tokens: int) -> tuple[object, float, list[flo
     """Submit and read the events as a caller does. Returns (done event, the time just before
     submit(), each token event's arrival time at the caller)."""
     submitted = time.perf_counter()
-    handle = target.submit(prompt, greedy(max_tokens))
+    handle = target.submit(ask(prompt, greedy(max_tokens)))
     times: list[float] = []
     final = None
     for event in handle.events(timeout=600):
@@ -29,9 +30,9 @@ def client_run(target, prompt, max_tokens: int) -> tuple[object, float, list[flo
 
 def client_ttfts(target, prompts: list, max_tokens: int = 2) -> list[tuple[float, float]]:
     """Per prompt: (seconds from just before submit() to the first token event received, the
-    server's own TTFT figure). The server counts from the accepted_at that submit() stamps in
-    the caller (perf_counter is one clock for all processes), so the difference is what the
-    first token took to reach the caller."""
+    server's own TTFT figure). The server counts from the arrival the request carries, stamped
+    as the caller built it, so the difference is what the first token took to reach the
+    caller."""
     out = []
     for prompt in prompts:
         final, submitted, times = client_run(target, prompt, max_tokens)

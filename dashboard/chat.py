@@ -32,7 +32,6 @@ from dashboard.models import Conversation, Message, newest_leaf, versions
 from dashboard.running_answers import Claim, Turn, is_active, register
 from inference.models import LLMModel
 from inference.registry import UnknownModel, resolve, spec_for
-from inference.thinking import ThinkingSplitter, prompt_opens_thinking, thinking_mode
 
 MAX_CONTENT_CHARS = 100_000  # a long paste; the context's token limit is checked by the engine
 MAX_SYSTEM_PROMPT_CHARS = 8_000
@@ -77,28 +76,25 @@ def _title(content: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
-def _open_answer(conversation, parent, model, generation) -> Message:
+def _open_answer(conversation, parent, model, request) -> Message:
     return Message.objects.create(
         conversation=conversation, parent=parent, role=Message.Role.ASSISTANT,
-        state=Message.State.STREAMING, request_id=generation.request_id, model_name=model.name,
+        state=Message.State.STREAMING, request_id=request.request_id, model_name=model.name,
     )  # fmt: skip
 
 
 def _turn(
-    conversation, user, model, generation, prompt: chat_prompt.Prompt, answer, *, kind: str,
+    conversation, user, model, request, prompt: chat_prompt.Prompt, answer, *, kind: str,
     user_message_id: int | None = None, replaced_message_id: int | None = None,
     truncate_from: int | None = None, prefix: str = "", prefix_tokens: int = 0,
 ) -> Turn:  # fmt: skip
-    # A Continue writes on into the answer itself, past any thinking.
-    thinks = kind != "continue" and thinking_mode(model.effective_chat_template)
-    splitter = ThinkingSplitter(inside=prompt_opens_thinking(prompt.text)) if thinks else None
     return Turn(
         conversation_id=conversation.pk, user_id=user.pk, title=conversation.title,
         model_name=model.name, message_id=answer.pk, user_message_id=user_message_id,
         replaced_message_id=replaced_message_id, truncate_from=truncate_from,
-        username=user.get_username(), generation=generation, spec=spec_for(model), kind=kind,
+        username=user.get_username(), request=request, spec=spec_for(model), kind=kind,
         prefix=prefix, prefix_tokens=prefix_tokens, left_out=prompt.left_out,
-        context_start=prompt.context_start, splitter=splitter,
+        context_start=prompt.context_start, splitter=prompt.rendered.splitter(),
     )  # fmt: skip
 
 
@@ -133,10 +129,10 @@ def _ask(
                     system_prompt=system_prompt,
                 )  # fmt: skip
             claim.take(conversation.pk)
-            generation = chat_prompt.generation(model, prompt.text, conversation, arrived)
+            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
             asked = Message.objects.create(conversation=conversation, parent=parent_of_question,
                                            role=Message.Role.USER, content=content)  # fmt: skip
-            answer = _open_answer(conversation, asked, model, generation)
+            answer = _open_answer(conversation, asked, model, request)
             conversation.model_name = model.name
             conversation.system_prompt = system_prompt
             conversation.leaf = answer
@@ -145,7 +141,7 @@ def _ask(
                 conversation,
                 user,
                 model,
-                generation,
+                request,
                 prompt,
                 answer,
                 user_message_id=asked.pk,
@@ -224,12 +220,12 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
     try:
         with transaction.atomic():
             claim.take(conversation.pk)
-            generation = chat_prompt.generation(model, prompt.text, conversation, arrived)
-            answer = _open_answer(conversation, question, model, generation)
+            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
+            answer = _open_answer(conversation, question, model, request)
             conversation.model_name = model.name
             conversation.leaf = answer
             _save_window(conversation, prompt)
-            turn = _turn(conversation, user, model, generation, prompt, answer, kind="regenerate",
+            turn = _turn(conversation, user, model, request, prompt, answer, kind="regenerate",
                          replaced_message_id=replaced.pk if replaced else None)  # fmt: skip
     except BaseException:
         claim.drop()
@@ -260,14 +256,14 @@ def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_
     try:
         with transaction.atomic():
             claim.take(conversation.pk)
-            generation = chat_prompt.generation(model, prompt.text, conversation, arrived)
+            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
             Message.objects.filter(pk=answer.pk).update(
-                state=Message.State.STREAMING, error="", request_id=generation.request_id,
+                state=Message.State.STREAMING, error="", request_id=request.request_id,
                 model_name=model.name,
             )  # fmt: skip
             conversation.model_name = model.name
             _save_window(conversation, prompt)
-            turn = _turn(conversation, user, model, generation, prompt, answer, kind="continue",
+            turn = _turn(conversation, user, model, request, prompt, answer, kind="continue",
                          prefix=answer.content,
                          prefix_tokens=chat_prompt.answer_tokens(answer))  # fmt: skip
     except BaseException:

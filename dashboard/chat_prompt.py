@@ -1,29 +1,29 @@
 """A chat turn's prompt and generation request: the system prompt, the turns that still fit
-the context (dashboard.chat_window), the new question, rendered with the model's chat template;
-and the sampling parameters and prefix-cache key that go with it.
+the context (dashboard.chat_window), the new question, rendered with the model's chat template
+on the API's own path (inference.prompting); and the request built from it the API's way too
+(inference.registry.request_for), with the chat page's answer length and prefix-cache key.
 
 Apart from dashboard.chat, which persists the turn, because building the prompt only reads: a
 refusal here (a chat template that fails) leaves nothing to undo.
 """
 
-import dataclasses
 from dataclasses import dataclass
 
 from dashboard import chat_window
 from dashboard.chat_refused import ChatRefused
 from dashboard.models import Conversation, Message
-from inference.engine.params import MAX_TOKENS_LIMIT, SamplingParams
+from inference.engine import GenerationRequest, InvalidParams
+from inference.engine.params import MAX_TOKENS_LIMIT
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.prompting import render_prompt
-from inference.registry import spec_for
-from inference.serving.generation import Generation
+from inference.prompting import Prompt as Rendered
+from inference.prompting import prompt_for
+from inference.registry import request_for, spec_for
 
 MIN_ANSWER_TOKENS = 2048  # the default answer length: what the context allows, at least this
 # What a chat answer uses unless the model's own default_params say otherwise (max_tokens is
 # filled in per model: the engine clamps it to the room the context leaves).
 CHAT_DEFAULT_PARAMS = {"temperature": 0.7}
-_SAMPLING_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
 def _said(branch: list[Message]) -> list[Message]:
@@ -44,9 +44,13 @@ def _sized(message: Message) -> chat_window.Sized:
 
 @dataclass(slots=True)
 class Prompt:
-    text: str
+    rendered: Rendered  # the text, its BOS rule, its thinking split
     left_out: int
     context_start: int | None  # a message id; None when nothing was left out
+
+    @property
+    def text(self) -> str:
+        return self.rendered.text
 
 
 def build(
@@ -78,12 +82,12 @@ def build(
     rendered = new[:-1] if partial else new
     messages += rendered
     try:
-        text = render_prompt(model, messages)
+        rendered = prompt_for(model, messages)
     except ChatTemplateError as exc:
         raise ChatRefused("template", f"the model's chat template failed: {exc}") from None
     left_out = min(window.start, len(earlier))
     start = earlier[window.start].pk if left_out and window.start < len(earlier) else None
-    return Prompt(text + partial, left_out, start)
+    return Prompt(rendered.then(partial) if partial else rendered, left_out, start)
 
 
 def context_of(model: LLMModel) -> int:
@@ -99,19 +103,22 @@ def context_of(model: LLMModel) -> int:
         return model.context_length or 2048
 
 
-def _answer_params(model: LLMModel) -> dict:
-    room = max(MIN_ANSWER_TOKENS, context_of(model))  # the engine clamps it to the room left
-    params = {**CHAT_DEFAULT_PARAMS, "max_tokens": min(room, MAX_TOKENS_LIMIT),
-              **(model.default_params or {})}  # fmt: skip
-    return {key: value for key, value in params.items() if key in _SAMPLING_FIELDS}
+def answer_defaults(model: LLMModel) -> dict:
+    """The chat page's own sampling, under the model's defaults: an answer as long as the
+    context allows (the engine clamps it to the room left)."""
+    room = max(MIN_ANSWER_TOKENS, context_of(model))
+    return {**CHAT_DEFAULT_PARAMS, "max_tokens": min(room, MAX_TOKENS_LIMIT)}
 
 
-def generation(
-    model: LLMModel, prompt: str, conversation: Conversation, arrived: float
-) -> Generation:
+def answer_request(
+    model: LLMModel, prompt: Prompt, conversation: Conversation, arrived: float
+) -> GenerationRequest:
     # A person's conversations reuse only their own KV (the prefix cache is partitioned).
-    return Generation(
-        model=model.name, prompt=prompt, params=_answer_params(model),
-        cache_key=f"conv-{conversation.pk}", cache_partition=f"user:{conversation.user_id}",
-        accepted_wall=arrived,
-    )  # fmt: skip
+    try:
+        return request_for(
+            model, prompt.rendered, {}, base=answer_defaults(model),
+            cache_key=f"conv-{conversation.pk}", cache_partition=f"user:{conversation.user_id}",
+            arrived_wall=arrived,
+        )  # fmt: skip
+    except InvalidParams as exc:  # only the model's own defaults are in it: they are checked
+        raise ChatRefused("invalid", f"the model's settings cannot be used: {exc}") from None

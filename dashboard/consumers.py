@@ -49,6 +49,7 @@ from dashboard import chat, running_answers
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.panels import panels
+from inference.serving.feed import TELEMETRY_GROUP
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +312,7 @@ class TelemetryConsumer(_JsonConsumer):
         if not user.is_staff:
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        await self.channel_layer.group_add(telemetry.GROUP, self.channel_name)
+        await self.channel_layer.group_add(TELEMETRY_GROUP, self.channel_name)
         self.joined = True
         await self.accept()
         telemetry.subscribe()
@@ -320,7 +321,7 @@ class TelemetryConsumer(_JsonConsumer):
         if self.joined:
             self.joined = False
             telemetry.unsubscribe()
-            await self.channel_layer.group_discard(telemetry.GROUP, self.channel_name)
+            await self.channel_layer.group_discard(TELEMETRY_GROUP, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         await self.send_error("invalid", "this socket only sends")

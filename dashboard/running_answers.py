@@ -22,10 +22,10 @@ from django.utils import timezone
 from dashboard.chat_refused import ChatRefused
 from dashboard.limits import chat_answers
 from dashboard.models import Conversation, Message
+from inference.engine import GenerationRequest
 from inference.engine.host import ModelSpec
-from inference.history import record_request
+from inference.history import record_answer
 from inference.serving.client import get_client
-from inference.serving.generation import Generation
 from inference.thinking import ThinkingSplitter
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ class Turn:
     replaced_message_id: int | None  # the answer a regenerate set aside (kept as a version)
     truncate_from: int | None  # the page drops this message and those after it (edit)
     username: str
-    generation: Generation
+    request: GenerationRequest
     spec: ModelSpec
     kind: str = "send"  # send / edit / regenerate / continue
     prefix: str = ""  # the text a Continue writes on from
@@ -71,7 +71,7 @@ class Turn:
 
     @property
     def request_id(self) -> str:
-        return self.generation.request_id
+        return self.request.request_id
 
     @property
     def running(self) -> bool:
@@ -215,37 +215,33 @@ def save_partial(message_id: int, content: str) -> None:
 
 
 def save_answer(turn: Turn, content: str, final: dict | None) -> dict:
-    """Store the answer and its figures; returns the frame that ends the turn."""
-    figures = dict((final or {}).get("figures") or {})
-    if turn.prefix_tokens and figures.get("output_tokens") is not None:
-        figures["answer_tokens"] = turn.prefix_tokens + figures["output_tokens"]
+    """Store the answer and its figures; returns the frame that ends the turn. `final` None:
+    the stream broke without a final event."""
+    final = final or {"type": "error", "message": "the inference worker stopped answering"}
+    extra = {}
+    output_tokens = (final.get("figures") or {}).get("output_tokens")
+    if turn.prefix_tokens and output_tokens is not None:
+        extra["answer_tokens"] = turn.prefix_tokens + output_tokens
     if turn.thinking_s is not None:
-        figures["thinking_s"] = round(turn.thinking_s, 2)
-    if final is not None and final.get("type") == "done":
-        reason = final.get("finish_reason") or "stop"
-        state = Message.State.STOPPED if reason == "cancelled" else Message.State.COMPLETE
-        error = (turn.stop_reason or "stopped") if reason == "cancelled" else ""
-        outcome = reason
-    else:
-        reason = "error"
+        extra["thinking_s"] = round(turn.thinking_s, 2)
+    outcome, error, figures = record_answer(turn.request, final, source="chat",
+                                            client=turn.username, extra=extra)  # fmt: skip
+    if outcome == "error":
         state = Message.State.FAILED
-        error = (final or {}).get("message") or "the inference worker stopped answering"
-        outcome = "error"
+    elif outcome == "cancelled":
+        state, error = Message.State.STOPPED, turn.stop_reason or "stopped"
+    else:
+        state = Message.State.COMPLETE
     done = {"content": content, "state": state, "error": error, "figures": figures}
     if turn.splitter is not None:
         done["thinking"] = turn.thinking
     Message.objects.filter(pk=turn.message_id).update(**done)
     Conversation.objects.filter(pk=turn.conversation_id).update(updated_at=timezone.now())
-    record_request(
-        request_id=turn.request_id, model_name=turn.model_name, source="chat",
-        client=turn.username, figures=figures, outcome=outcome, error=error if
-        state == Message.State.FAILED else "", accepted_wall=turn.generation.accepted_wall,
-    )  # fmt: skip
     if state == Message.State.FAILED:
-        return {"type": "error", "code": (final or {}).get("code") or "failed", "message": error,
+        return {"type": "error", "code": final.get("code") or "failed", "message": error,
                 "message_id": turn.message_id, "figures": figures, "text": content,
                 "thinking": turn.thinking}  # fmt: skip
-    return {"type": "done", "finish_reason": reason, "state": state, "error": error,
+    return {"type": "done", "finish_reason": outcome, "state": state, "error": error,
             "figures": figures, "message_id": turn.message_id, "text": content,
             "thinking": turn.thinking}  # fmt: skip
 
@@ -274,7 +270,7 @@ async def run_turn(turn: Turn) -> dict:
     final: dict | None = None
     last_save = time.monotonic()
     try:
-        async with aclosing(client.stream(turn.generation, turn.spec)) as events:
+        async with aclosing(client.stream(turn.request, turn.spec)) as events:
             async for event in events:
                 # A stop that came before the engine had the request (the model still loading)
                 # found nothing to cancel: the first event means it is there now.

@@ -8,11 +8,15 @@ import logging
 import threading
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.utils import timezone
 
 from inference.models import RequestRecord
+
+if TYPE_CHECKING:
+    from inference.engine import GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +38,7 @@ def record_request(
     error: str = "",
     accepted_wall: float | None = None,
 ) -> RequestRecord:
-    """Save one request's figures. `accepted_wall` (epoch seconds, the Generation's) lets the
+    """Save one request's figures. `accepted_wall` (epoch seconds, the request's) lets the
     dashboard put every request's timeline on one time axis."""
     figures = dict(figures or {})
     if accepted_wall is not None:
@@ -51,6 +55,37 @@ def record_request(
     record.save()
     _maybe_prune()
     return record
+
+
+def record_answer(
+    request: "GenerationRequest",
+    final: dict | None,
+    *,
+    source: str,
+    client: str,
+    left: str = "the listener left before the answer ended",
+    counted: dict | None = None,
+    extra: dict | None = None,
+) -> tuple[str, str, dict]:
+    """Save how an answer ended, the same for the chat page and the API: from its final event
+    (done or error), or, when its listener left first (None), as cancelled with `left` as the
+    reason and the figures `counted` so far. `extra` figures are added either way. Returns
+    (outcome, error, figures) as saved."""
+    if final is None:
+        outcome, error, figures = "cancelled", left, dict(counted or {})
+    elif final.get("type") == "done":
+        outcome, error = final.get("finish_reason") or "stop", ""
+        figures = dict(final.get("figures") or {})
+    else:
+        outcome = "error"
+        error = final.get("message") or "the answer failed"
+        figures = dict(final.get("figures") or {})
+    figures.update(extra or {})
+    record_request(
+        request_id=request.request_id, model_name=request.model, source=source, client=client,
+        outcome=outcome, figures=figures, error=error, accepted_wall=request.arrived_wall,
+    )  # fmt: skip
+    return outcome, error, figures
 
 
 def prune_request_history(now=None) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from inference.engine.refusals import RefusalKind, Refused
 from inference.gguf import GGML_TYPES_BY_NAME, GGUFInfo
 
 MiB = 1 << 20
@@ -39,8 +40,10 @@ DEFAULT_UBATCH = 512
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
 
 
-class InsufficientMemory(Exception):
+class InsufficientMemory(Refused):
     """Loading would not fit in free memory; the message gives the numbers."""
+
+    kind = RefusalKind.NO_MEMORY
 
 
 @dataclass(frozen=True, slots=True)

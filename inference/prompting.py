@@ -3,17 +3,70 @@
 Templates come from GGUF metadata (or the admin's override) and are rendered only in a sandbox,
 inside a render process with memory, CPU and wall-clock limits (inference.gguf.render_pool).
 
-The request's thinking switch (inference.thinking) is applied here, so the chat page and the
-API switch it the same way: the template gets `enable_thinking` / `reasoning_effort`, and a
-template that opens a <think> block in the prompt without a switch of its own (DeepSeek-R1)
-gets the block closed when thinking is off.
+One path for the chat page and both API dialects (`prompt_for`, `raw_prompt`), so the same
+messages give the same tokens whichever way they arrive: the BOS token is added unless the
+template wrote it (`add_special`), and the answer's thinking is split the same way.
+
+The request's thinking switch (inference.thinking) is applied here too: the template gets
+`enable_thinking` / `reasoning_effort`, and a template that opens a <think> block in the prompt
+without a switch of its own (DeepSeek-R1) gets the block closed when thinking is off.
 """
+
+from dataclasses import dataclass
 
 from inference.gguf.render_pool import render_chat_isolated, render_executor
 from inference.models import LLMModel
-from inference.thinking import Think, close_thinking, prompt_opens_thinking, template_variables
+from inference.thinking import (
+    Think,
+    ThinkingSplitter,
+    close_thinking,
+    prompt_opens_thinking,
+    template_variables,
+    thinking_mode,
+)
 
-__all__ = ["render_executor", "render_prompt"]
+__all__ = ["Prompt", "prompt_for", "raw_prompt", "render_executor", "render_prompt"]
+
+
+@dataclass(slots=True, frozen=True)
+class Prompt:
+    """A rendered prompt and how to read the answer to it."""
+
+    text: str
+    add_special: bool  # False when the text already starts with the model's BOS token
+    thinking: bool = False  # the answer may open with a <think> block: split it off
+    opens_thinking: bool = False  # the prompt ends inside that block: the answer starts in it
+
+    def splitter(self) -> ThinkingSplitter | None:
+        return ThinkingSplitter(inside=self.opens_thinking) if self.thinking else None
+
+    def then(self, written: str) -> "Prompt":
+        """This prompt with `written` appended (a Continue writes on from a partial answer,
+        past any thinking)."""
+        return Prompt(self.text + written, self.add_special)
+
+
+def add_special(model: LLMModel, text: str) -> bool:
+    """Whether the tokenizer must add the BOS token: not when the text starts with it (a
+    template that writes its own would otherwise get a second one)."""
+    bos = (model.metadata or {}).get("bos_token") or ""
+    return not (bos and text.startswith(bos))
+
+
+def prompt_for(
+    model: LLMModel, messages: list[dict], *, tools: list | None = None, think: Think = None
+) -> Prompt:
+    """The prompt of a conversation (see render_prompt), for the chat page and the API alike."""
+    text = render_prompt(model, messages, tools=tools, think=think)
+    thinks = bool(thinking_mode(model.effective_chat_template))
+    return Prompt(text, add_special(model, text), thinks, thinks and prompt_opens_thinking(text))
+
+
+def raw_prompt(model: LLMModel, text: str, think: Think = None) -> Prompt:
+    """A prompt sent as is (Ollama's raw: true): its answer is split only when asked to think,
+    starting inside the block when the prompt opened one."""
+    thinks = think not in (None, False)
+    return Prompt(text, add_special(model, text), thinks, thinks and prompt_opens_thinking(text))
 
 
 def render_prompt(

@@ -2,13 +2,19 @@
 
 import logging
 import re
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from inference.engine.generation import GenerationRequest
 from inference.engine.host import ModelSpec
+from inference.engine.params import SamplingParams, usable_defaults
 from inference.engine.runner_config import RunnerConfig
 from inference.models import LLMModel, PulledName
 from inference.pulling.names import canonical
+
+if TYPE_CHECKING:
+    from inference.prompting import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,31 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
     )
 
 
+def sampling_for(model: LLMModel, asked: dict, base: dict | None = None) -> SamplingParams:
+    """A request's sampling, the one place a model's defaults apply: what the request asks, over
+    the model's saved defaults (its page, a pull), over `base` (the chat page's own), over the
+    engine's. Raises InvalidParams for an asked value out of bounds."""
+    return SamplingParams(**{**(base or {}), **usable_defaults(model.default_params), **asked})
+
+
+def request_for(
+    model: LLMModel,
+    prompt: "Prompt",
+    asked: dict,
+    *,
+    base: dict | None = None,
+    **fields,
+) -> GenerationRequest:
+    """The request to send for a rendered prompt (inference.prompting.Prompt), built once, the
+    same for the chat page and both API dialects: the model's sampling (sampling_for), the
+    prompt's BOS rule, and the caller's ids and keys (`fields`: cache_key, cache_partition,
+    keep_alive, arrived_wall: None for now). Raises InvalidParams."""
+    if fields.get("arrived_wall") is None:
+        fields.pop("arrived_wall", None)
+    return GenerationRequest(prompt.text, sampling_for(model, asked, base), model=model.name,
+                             add_special=prompt.add_special, **fields)  # fmt: skip
+
+
 def context_asked(model: LLMModel, num_ctx: int | None) -> int:
     """The context per sequence a request's num_ctx needs (0: none asked), clamped at the
     model's training context as Ollama clamps it: a home app's fixed num_ctx (Home Assistant
@@ -116,32 +147,7 @@ def forget_name(model: LLMModel, name: str) -> bool:
 
 
 def unload_idle_models() -> list[str]:
-    """Unload the models whose keep-alive ran out; returns their names. The beat task's body.
-
-    Embedded: this process's host. Split: every inference worker sweeps its own host already;
-    this is the safety net on the beat's schedule, from the workers' snapshots. A model used
-    since its snapshot was taken may go early (it reloads on its next request); a busy one is
-    refused by its worker.
-    """
-    from asgiref.sync import async_to_sync
-
+    """Unload the models whose keep-alive ran out; returns their names. The beat task's body."""
     from inference.serving.client import get_client
 
-    client = get_client()
-    host = getattr(client, "host", None)
-    if host is not None:
-        return host.unload_idle()
-    expired = sorted({
-        row["name"]
-        for snap in client.snapshots()
-        for row in snap.get("loaded") or []
-        if row.get("expires_in") is not None and row["expires_in"] <= 0 and not row.get("busy")
-    })  # fmt: skip
-    unloaded = []
-    for name in expired:
-        try:
-            if async_to_sync(client.unload)(name):
-                unloaded.append(name)
-        except Exception as exc:  # noqa: BLE001 - busy again, or a worker gone: next time
-            log.info("idle unload of %s skipped: %s", name, exc)
-    return unloaded
+    return get_client().unload_idle()

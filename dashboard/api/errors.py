@@ -12,6 +12,8 @@ from typing import Literal
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.engine.refusals import RefusalKind, Refused
+
 Dialect = Literal["openai", "ollama"]
 
 # The OpenAI error `type` for each status (what its SDK maps to exception classes).
@@ -76,23 +78,35 @@ def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code="invalid_value" if param else None)
 
 
-# The inference client's refusal codes (inference.serving.client) and the status each one gets.
-_REFUSALS = {
-    "invalid": (400, None),
-    "too_long": (400, "context_length_exceeded"),
-    "busy": (429, "engine_busy"),
-    "load_failed": (503, "model_load_failed"),
-    "no_memory": (507, "insufficient_memory"),  # a load (or num_ctx) too big for free memory
-    "unavailable": (503, "engine_unavailable"),
+# The one table from a refusal's kind (inference.engine.refusals) to a status and an error code.
+REFUSAL_STATUS: dict[RefusalKind, tuple[int, str | None]] = {
+    RefusalKind.INVALID: (400, "invalid_value"),
+    RefusalKind.TOO_LONG: (400, "context_length_exceeded"),
+    RefusalKind.BUSY: (429, "engine_busy"),
+    RefusalKind.UNAVAILABLE: (503, "engine_unavailable"),
+    RefusalKind.LOAD_FAILED: (503, "model_load_failed"),
+    RefusalKind.NO_MEMORY: (507, "insufficient_memory"),  # a load (or num_ctx) too big for memory
+    RefusalKind.FAILED: (500, "generation_failed"),
 }
+
+
+def refused(kind: str | None, message: str, field: str | None = None) -> ApiError:
+    """The ApiError of a refusal of this kind (an unknown kind: the request failed)."""
+    known = kind in RefusalKind.__members__.values()
+    status, code = REFUSAL_STATUS[RefusalKind(kind) if known else RefusalKind.FAILED]
+    retry = 1.0 if status == 429 else None
+    return ApiError(status, message or "the generation failed", param=field, code=code,
+                    retry_after=retry)  # fmt: skip
 
 
 def from_event(event: dict) -> ApiError:
     """The ApiError for an error event from the inference client."""
-    status, code = _REFUSALS.get(event.get("code") or "", (500, "generation_failed"))
-    message = event.get("message") or "the generation failed"
-    retry = 1.0 if status == 429 else None
-    return ApiError(status, message, param=event.get("field"), code=code, retry_after=retry)
+    return refused(event.get("code"), event.get("message") or "", event.get("field"))
+
+
+def from_refusal(exc: Refused) -> ApiError:
+    """The ApiError for a refusal raised on the web side (a sampling value out of bounds)."""
+    return refused(exc.kind, exc.message, exc.field)
 
 
 def unknown_endpoint(dialect: Dialect):

@@ -25,7 +25,7 @@ from dashboard.api.auth import (
     conversation_key,
     require_scope,
 )
-from dashboard.api.errors import ApiError, from_event
+from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -34,7 +34,7 @@ from dashboard.api.ollama_schemas import (
 )
 from dashboard.api.ollama_shapes import now_iso, process, show, tag, tag_names
 from dashboard.api.prompts import ChatPrompt, chat_prompt, raw_prompt
-from dashboard.api.runs import Run, resolve_model
+from dashboard.api.runs import Run, api_request, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.api.timings import ollama_durations
@@ -43,7 +43,7 @@ from dashboard.registry import lifecycle
 from inference.models import LLMModel
 from inference.registry import context_asked, forget_name, spec_for
 from inference.serving.client import get_client
-from inference.serving.core import refusal
+from inference.serving.core import load_refusal
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ async def _load_or_unload(request, model: LLMModel, body: OllamaGenerationBase, 
         else:
             await get_client().load(spec)
     except Exception as exc:  # noqa: BLE001 - a refused load or unload is an error status
-        raise from_event(refusal("", exc)) from None
+        raise from_refusal(load_refusal(exc)) from None
     reason = "unload" if body.keep_alive == 0 else "load"
     line = {"model": body.model, "created_at": now_iso(), **shape, "done": True,
             "done_reason": reason}  # fmt: skip
@@ -231,12 +231,11 @@ def _granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -
 
 async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str):
     keep_alive = _granted_keep_alive(request.api_key, model, body.keep_alive)
-    run = Run(model, prompt.text, prompt.constrain(body.sampling()), source="ollama",
-              client_name=_client_name(request), keep_alive=keep_alive,
-              add_special=prompt.add_special, cache_key=conversation_key(request),
-              app=app_id(request),
-              cache_partition=cache_partition(request),
-              min_ctx=_num_ctx(model, body))  # fmt: skip
+    asked = api_request(model, prompt.prompt, prompt.constrain(body.sampling()),
+                        keep_alive=keep_alive, cache_key=conversation_key(request),
+                        cache_partition=cache_partition(request))  # fmt: skip
+    run = Run(model, asked, source="ollama", client_name=_client_name(request),
+              app=app_id(request), min_ctx=_num_ctx(model, body))  # fmt: skip
     await run.start()
     parser = prompt.answer_parser()
     if body.stream:

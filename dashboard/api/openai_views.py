@@ -17,8 +17,8 @@ from dashboard.api.answers import AnswerParser, Piece
 from dashboard.api.auth import api_endpoint, app_id, cache_partition, conversation_key
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.openai_schemas import ChatCompletionRequest, CompletionRequest
-from dashboard.api.prompts import chat_prompt, raw_add_special
-from dashboard.api.runs import Run, resolve_model
+from dashboard.api.prompts import chat_prompt, raw_prompt
+from dashboard.api.runs import Run, api_request, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import SSE_DONE, sse, stream_response
 from dashboard.api.timings import openai_timings, openai_usage
@@ -86,10 +86,10 @@ async def chat_completions(request: HttpRequest):
     prompt = await chat_prompt(model, messages, body.active_tools, think=body.think,
                                think_param="reasoning_effort")  # fmt: skip
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls is not False)
-    run = Run(model, prompt.text, sampling, source="openai",
-              client_name=request.api_key.name, add_special=prompt.add_special,
-              cache_key=conversation_key(request), app=app_id(request),
-              cache_partition=cache_partition(request))  # fmt: skip
+    asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
+                        cache_partition=cache_partition(request))  # fmt: skip
+    run = Run(model, asked, source="openai", client_name=request.api_key.name,
+              app=app_id(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "chatcmpl", "chat.completion")
     if body.stream:
@@ -164,10 +164,11 @@ def _delta(piece: Piece) -> dict:
 async def completions(request: HttpRequest):
     body = parse_body(request, CompletionRequest)
     model = await resolve_model(body.model)
-    run = Run(model, body.prompt, body.sampling(), source="openai",
-              client_name=request.api_key.name, add_special=raw_add_special(model, body.prompt),
-              cache_key=conversation_key(request), app=app_id(request),
-              cache_partition=cache_partition(request))  # fmt: skip
+    asked = api_request(model, raw_prompt(model, body.prompt).prompt, body.sampling(),
+                        cache_key=conversation_key(request),
+                        cache_partition=cache_partition(request))  # fmt: skip
+    run = Run(model, asked, source="openai", client_name=request.api_key.name,
+              app=app_id(request))  # fmt: skip
     await run.start()
     envelope = _start(run, body.model or model.name, "cmpl", "text_completion")
     if body.stream:

@@ -1,4 +1,5 @@
-"""From an API request's messages to the prompt text, through the model's own chat template.
+"""From an API request's messages to the prompt, through the model's own chat template (the
+same path as the chat page's: inference.prompting), plus what only the API offers: tools.
 
 Tools are handed to the template only when the template reads them, and tool calls are parsed
 out of answers only when the template's format marks them (<tool_call> blocks); with any other
@@ -24,18 +25,28 @@ from dashboard.api.tools import (
 )
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.prompting import render_executor, render_prompt
-from inference.thinking import Think, ThinkingSplitter, prompt_opens_thinking, thinking_mode
+from inference.prompting import Prompt, prompt_for, render_executor
+from inference.prompting import raw_prompt as plain_raw_prompt
+from inference.thinking import Think, thinking_mode
 
 
 @dataclass(slots=True)
 class ChatPrompt:
-    text: str
-    add_special: bool  # False when the template already wrote the BOS token
+    prompt: Prompt  # the text, its BOS rule and its thinking split
     tool_names: set[str] | None  # set: parse <tool_call> blocks naming these tools
-    thinking: bool = False  # split a leading <think> block off the answer
-    opens_thinking: bool = False  # the prompt ends inside that block: the answer starts in it
     tools: list[dict] | None = None  # the offered tools, where calls are parsed
+
+    @property
+    def text(self) -> str:
+        return self.prompt.text
+
+    @property
+    def thinking(self) -> bool:
+        return self.prompt.thinking
+
+    @property
+    def opens_thinking(self) -> bool:
+        return self.prompt.opens_thinking
 
     def tool_parser(self) -> ToolCallParser | None:
         return ToolCallParser(self.tool_names) if self.tool_names else None
@@ -48,8 +59,7 @@ class ChatPrompt:
         return {**params, **tool_constraint(self.tools, parallel=parallel)}
 
     def answer_parser(self) -> AnswerParser:
-        splitter = ThinkingSplitter(inside=self.opens_thinking) if self.thinking else None
-        return AnswerParser(splitter, self.tool_parser())
+        return AnswerParser(self.prompt.splitter(), self.tool_parser())
 
 
 def _arguments(value):
@@ -104,21 +114,17 @@ def _render(
     check_think(model, think, think_param)
     use_tools = bool(tools) and template_renders_tools(template)
     try:
-        text = render_prompt(
+        prompt = prompt_for(
             model, [template_message(m) for m in messages], tools=tools if use_tools else None,
             think=think,
         )  # fmt: skip
     except ChatTemplateError as exc:
         raise ApiError(400, f"the model's chat template refused this conversation: {exc}",
                        param="messages", code="chat_template_error") from None  # fmt: skip
-    bos = (model.metadata or {}).get("bos_token") or ""
     names = None
     if use_tools and template_marks_tool_calls(template):
         names = {t["function"]["name"] for t in tools}
-    thinks = thinking_mode(template)
-    return ChatPrompt(text, not (bos and text.startswith(bos)), names, thinks,
-                      thinks and prompt_opens_thinking(text),
-                      tools if names else None)  # fmt: skip
+    return ChatPrompt(prompt, names, tools if names else None)
 
 
 async def chat_prompt(
@@ -139,14 +145,6 @@ async def chat_prompt(
 
 
 def raw_prompt(model: LLMModel, prompt: str, think: Think = None) -> ChatPrompt:
-    """A prompt sent as is (Ollama's raw: true): its answer is split only when asked to think,
-    starting inside the block when the prompt opened one."""
+    """A prompt sent as is (Ollama's raw: true, OpenAI's completions)."""
     check_think(model, think)
-    thinks = think not in (None, False)
-    return ChatPrompt(prompt, raw_add_special(model, prompt), None, thinks,
-                      thinks and prompt_opens_thinking(prompt))  # fmt: skip
-
-
-def raw_add_special(model: LLMModel, prompt: str) -> bool:
-    bos = (model.metadata or {}).get("bos_token") or ""
-    return not (bos and prompt.startswith(bos))
+    return ChatPrompt(plain_raw_prompt(model, prompt, think), None)

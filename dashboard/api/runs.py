@@ -14,13 +14,14 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from appliance.gate import arrived_wall
-from dashboard.api.errors import ApiError, from_event
+from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.limits import api_streams
-from inference.history import record_request
+from inference.engine import GenerationRequest, InvalidParams
+from inference.history import record_answer
 from inference.models import LLMModel
-from inference.registry import UnknownModel, resolve, spec_for
+from inference.prompting import Prompt
+from inference.registry import UnknownModel, request_for, resolve, spec_for
 from inference.serving.client import get_client
-from inference.serving.generation import Generation
 
 log = logging.getLogger(__name__)
 
@@ -32,37 +33,34 @@ async def resolve_model(name: str | None) -> LLMModel:
         raise ApiError(404, str(exc), param="model", code="model_not_found") from None
 
 
+def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
+    """The request for an API call (inference.registry.request_for), its clock started when it
+    reached the application (appliance.gate's stamp), not now, after parsing, authentication
+    and prompt rendering; a sampling value out of bounds is a 400 naming it."""
+    try:
+        return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)
+    except InvalidParams as exc:
+        raise from_refusal(exc) from None
+
+
 class Run:
     def __init__(
         self,
         model: LLMModel,
-        prompt: str,
-        params: dict,
+        request: GenerationRequest,
         *,
         source: str,
         client_name: str,
-        keep_alive: float | None = None,
-        add_special: bool = True,
-        cache_key: str | None = None,
-        cache_partition: str | None = None,
         app: str | None = None,
         min_ctx: int = 0,
     ):
         """`min_ctx`: the context per sequence the request needs (Ollama's num_ctx, clamped by
         inference.registry.context_asked); a model loaded with less is reloaded."""
         self.model = model
-        # The clock starts when the request reached the application (appliance.gate's stamp),
-        # not now, after parsing, authentication and prompt rendering.
-        arrived = arrived_wall()
-        self.generation = Generation(
-            model=model.name, prompt=prompt, params={**_model_defaults(model), **params},
-            keep_alive=keep_alive, add_special=add_special, cache_key=cache_key,
-            cache_partition=cache_partition,
-            **({"accepted_wall": arrived} if arrived is not None else {}),
-        )  # fmt: skip
+        self.request = request
         self.source = source
         self.client_name = client_name
-        self._stream = get_client().stream(self.generation, spec_for(model, min_ctx=min_ctx))
+        self._stream = get_client().stream(request, spec_for(model, min_ctx=min_ctx))
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
@@ -72,7 +70,7 @@ class Run:
 
     @property
     def id(self) -> str:
-        return self.generation.request_id
+        return self.request.request_id
 
     async def start(self) -> None:
         """Wait for the first event; raises ApiError if the request was refused."""
@@ -138,34 +136,11 @@ class Run:
             await self._record()
 
     async def _record(self) -> None:
-        final = self.final
-        if final is None:
-            outcome, error = "cancelled", "the client disconnected before the answer ended"
-            figures = {"output_tokens": self.output_tokens}
-        elif final["type"] == "done":
-            outcome, error, figures = final["finish_reason"], "", final.get("figures") or {}
-        else:
-            outcome, error, figures = "error", final.get("message", ""), final.get("figures") or {}
         try:
-            await sync_to_async(record_request)(
-                request_id=self.id, model_name=self.model.name, source=self.source,
-                client=self.client_name, outcome=outcome, figures=figures, error=error,
-                accepted_wall=self.generation.accepted_wall,
+            await sync_to_async(record_answer)(
+                self.request, self.final, source=self.source, client=self.client_name,
+                left="the client disconnected before the answer ended",
+                counted={"output_tokens": self.output_tokens},
             )  # fmt: skip
         except Exception:  # noqa: BLE001 - history is best effort; the answer has been given
             log.exception("could not store the figures of request %s", self.id)
-
-
-_SAMPLING_FIELDS = {
-    "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-    "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop",
-}  # fmt: skip
-
-
-def _model_defaults(model: LLMModel) -> dict:
-    """The admin's per-model sampling defaults, under whatever the request sets."""
-    defaults = model.default_params if isinstance(model.default_params, dict) else {}
-    params = {k: v for k, v in defaults.items() if k in _SAMPLING_FIELDS}
-    if isinstance(params.get("stop"), list):
-        params["stop"] = tuple(params["stop"])
-    return params

@@ -1,4 +1,4 @@
-"""A request's measured figures (DESIGN.md) in each dialect's own words.
+"""A request's measured figures (the README's "The figures") in each dialect's own words.
 
 Every value is read from the engine's figures; none is derived from another (Ollama's
 eval_duration is the measured decode span, not total minus the rest), so the API reports what

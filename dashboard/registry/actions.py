@@ -7,13 +7,9 @@ confirmation, rendered on a thread.
 import logging
 import os
 import shutil
-from functools import wraps
-from inspect import iscoroutinefunction
 
 from asgiref.sync import sync_to_async
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -25,7 +21,7 @@ from dashboard.registry.display import flash_text
 from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.registry.uploads import ModelsDirUploadHandler
 from dashboard.registry.views import job_json, wants_json
-from dashboard.web.security import content_security_policy
+from dashboard.web.security import content_security_policy, staff_required
 from inference import plain, tasks
 from inference.dispatch import dispatch
 from inference.gguf import GGUFError
@@ -46,28 +42,6 @@ from inference.models import Job, LLMModel
 log = logging.getLogger(__name__)
 
 
-def staff_required(view):
-    """403 for a logged-in user who is not staff (login_required goes first)."""
-    if iscoroutinefunction(view):
-
-        @wraps(view)
-        async def wrapped_async(request, *args, **kwargs):
-            if not (await request.auser()).is_staff:
-                raise PermissionDenied
-            return await view(request, *args, **kwargs)
-
-        return wrapped_async
-
-    @wraps(view)
-    def wrapped(request, *args, **kwargs):
-        if not request.user.is_staff:
-            raise PermissionDenied
-        return view(request, *args, **kwargs)
-
-    return wrapped
-
-
-@login_required
 @staff_required
 @require_POST
 def scan(request: HttpRequest) -> HttpResponse:
@@ -83,7 +57,6 @@ def scan(request: HttpRequest) -> HttpResponse:
 
 
 @csrf_exempt  # the body must not be parsed before the upload handler is set; checked below
-@login_required
 @staff_required
 @require_POST
 def upload(request: HttpRequest) -> HttpResponse:
@@ -146,7 +119,6 @@ def _upload_refused(request: HttpRequest, message: str, status: int,
     return redirect("models")
 
 
-@login_required
 @staff_required
 @require_POST
 def download(request: HttpRequest) -> HttpResponse:
@@ -166,7 +138,6 @@ def download(request: HttpRequest) -> HttpResponse:
     return redirect("models")
 
 
-@login_required
 @staff_required
 @require_POST
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
@@ -182,7 +153,6 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("models")
 
 
-@login_required
 @staff_required
 @require_POST
 def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
@@ -200,7 +170,6 @@ def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("models")
 
 
-@login_required
 @staff_required
 @require_POST
 def job_dismiss(request: HttpRequest, pk: int) -> HttpResponse:
@@ -215,7 +184,6 @@ def job_dismiss(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("models")
 
 
-@login_required
 @staff_required
 @require_POST
 def make_default(request: HttpRequest, name: str) -> HttpResponse:
@@ -232,7 +200,6 @@ async def _model_or_404(name: str) -> LLMModel:
     return model
 
 
-@login_required
 @staff_required
 @require_POST
 async def load(request: HttpRequest, name: str) -> HttpResponse:
@@ -248,7 +215,6 @@ async def load(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("model-detail", name=model.name)
 
 
-@login_required
 @staff_required
 @require_POST
 async def apply(request: HttpRequest, name: str) -> HttpResponse:
@@ -277,7 +243,6 @@ def _save_settings(request: HttpRequest, model: LLMModel):
     return views.save_settings(form), bool(form.load_fields_changed)
 
 
-@login_required
 @staff_required
 @require_POST
 async def reload(request: HttpRequest, name: str) -> HttpResponse:
@@ -308,7 +273,6 @@ async def _reload(request: HttpRequest, model: LLMModel, *, wait_s: float, saved
             messages.success(request, f"{first} and applied: reloaded{took}.")
 
 
-@login_required
 @staff_required
 @require_POST
 async def unload(request: HttpRequest, name: str) -> HttpResponse:
@@ -323,7 +287,6 @@ async def unload(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("model-detail", name=model.name)
 
 
-@login_required
 @staff_required
 @require_http_methods(["GET", "POST"])
 async def delete(request: HttpRequest, name: str) -> HttpResponse:

@@ -2,18 +2,16 @@
 progress in the page's jobs table like a download's. Staff only."""
 
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from dashboard.registry.actions import staff_required
 from dashboard.registry.forms import PullForm
 from dashboard.registry.views import job_json, wants_json
+from dashboard.web.security import staff_required
 from inference import tasks
 
 
-@login_required
 @staff_required
 @require_POST
 def pull(request: HttpRequest) -> HttpResponse:

@@ -71,7 +71,7 @@ class WorkerStatus:
 
 
 def broker_status() -> str:
-    if not settings.SPLIT_MODE:
+    if get_client().mode != "split":
         return "not used"
     import redis
 
@@ -144,7 +144,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
         "models": workers.models,
         "unusable_models": workers.unusable_models,
         "workers": workers.workers,
-        "mode": "split" if settings.SPLIT_MODE else "embedded",
+        "mode": get_client().mode,
     }
     # Runner states do not enter this: see the module's docstring.
     usable = workers.status == "ok" and broker != "down"

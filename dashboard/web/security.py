@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 from functools import wraps
+from inspect import iscoroutinefunction
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -9,7 +10,17 @@ from django.http import HttpRequest, HttpResponse
 
 
 def staff_required(view: Callable) -> Callable:
-    """Logged-in staff only: anonymous users go to the login page, others get a 403."""
+    """Logged-in staff only, for sync and async views alike: anonymous users go to the login
+    page, others get a 403."""
+    if iscoroutinefunction(view):
+
+        @wraps(view)
+        async def wrapper_async(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            if not (await request.auser()).is_staff:
+                raise PermissionDenied("staff only")
+            return await view(request, *args, **kwargs)
+
+        return login_required(wrapper_async)
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:

@@ -1,12 +1,10 @@
-"""Telemetry to the channel-layer group "telemetry", which every dashboard socket joins.
+"""Telemetry to the dashboards' channel-layer group (inference.serving.feed: one message per
+worker per interval), from this process when its inference client says it holds the engines
+(`publishes_telemetry`: embedded mode; in split mode each inference worker publishes its own).
 
-Message on the group: {"type": "telemetry.snapshot", "snapshot": <one worker's snapshot>}
-(inference.serving.feed.worker_snapshot), one message per worker per interval.
-
-In split mode each inference worker publishes its own snapshots from its own process. In
-embedded mode the engine lives here, so one asyncio task per event loop publishes while at least
-one dashboard socket on that loop is open, and stops when the last one closes: reading the
-snapshot (NVML, psutil) costs something, and nobody needs it with no dashboard open.
+Here one asyncio task per event loop publishes while at least one dashboard socket on that loop
+is open, and stops when the last one closes: reading the snapshot (NVML, psutil) costs
+something, and nobody needs it with no dashboard open.
 """
 
 import asyncio
@@ -17,11 +15,10 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from inference.serving.client import get_client
+from inference.serving.feed import publish
 
 log = logging.getLogger(__name__)
 
-GROUP = "telemetry"
-MESSAGE_TYPE = "telemetry.snapshot"
 
 
 class _Publisher:
@@ -36,8 +33,8 @@ _publishers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Publisher]" 
 
 
 def publishes_here() -> bool:
-    """Only where the engine is in this process; in split mode the workers publish."""
-    return not settings.SPLIT_MODE
+    """Only where the engines are in this process."""
+    return get_client().publishes_telemetry
 
 
 def subscribe() -> None:
@@ -68,7 +65,7 @@ async def publish_once() -> int:
     snapshots = await asyncio.to_thread(get_client().snapshots)
     layer = get_channel_layer()
     for snapshot in snapshots:
-        await layer.group_send(GROUP, {"type": MESSAGE_TYPE, "snapshot": snapshot})
+        await publish(layer, snapshot)
     return len(snapshots)
 
 

@@ -18,6 +18,7 @@ from dashboard.web.security import staff_required, with_csp
 from inference.history import recent_requests
 from inference.models import LLMModel
 from inference.registry import default_model
+from inference.serving.client import get_client
 
 SIDEBAR_CONVERSATIONS = 200
 MAX_SEARCH_CHARS = 200
@@ -90,7 +91,7 @@ def dashboard_page(request: HttpRequest) -> HttpResponse:
             "interval_s": settings.TELEMETRY_INTERVAL_S,
             "retention_days": settings.REQUEST_RETENTION_DAYS,
             "itl_target_ms": settings.ITL_TARGET_MS,
-            "mode": "split" if settings.SPLIT_MODE else "embedded",
+            "mode": get_client().mode,
             "requests": recent_requests(),
         },
     })  # fmt: skip

@@ -2,11 +2,12 @@
 
 Public interface:
     Engine(runner, itl_target=0.1, max_queue=64).start()
-    engine.submit(prompt, SamplingParams(...), cache_key=...) -> RequestHandle
+    engine.submit(GenerationRequest(prompt, SamplingParams(...), cache_key=...)) -> RequestHandle
     handle.events() / handle.aevents() -> TokenEvent, PhaseEvent, QueueEvent, PrefillEvent,
                                           DoneEvent, ErrorEvent
     engine.cancel(request_id); engine.snapshot(); engine.shutdown()
     engine.embed(["text", [token ids]], truncate=True) -> Future of an embedding.Embedding
+Every refusal is a Refused with a RefusalKind (inference.engine.refusals).
 Only runner.py imports llama_cpp; load it with `inference.engine.runner.LlamaRunner`.
 """
 
@@ -22,10 +23,13 @@ from inference.engine.events import (
     TokenEvent,
     event_to_dict,
 )
+from inference.engine.generation import GenerationRequest
 from inference.engine.params import InvalidParams, SamplingParams
+from inference.engine.refusals import Refusal, RefusalKind, Refused
 
 __all__ = [
-    "DoneEvent", "Engine", "EngineStopped", "ErrorEvent", "Event", "InvalidParams", "PhaseEvent",
-    "PrefillEvent", "PromptTooLong", "QueueEvent", "QueueFull", "RequestHandle", "SamplingParams",
-    "TokenEvent", "event_to_dict",
+    "DoneEvent", "Engine", "EngineStopped", "ErrorEvent", "Event", "GenerationRequest",
+    "InvalidParams", "PhaseEvent", "PrefillEvent", "PromptTooLong", "QueueEvent", "QueueFull",
+    "Refusal", "RefusalKind", "Refused", "RequestHandle", "SamplingParams", "TokenEvent",
+    "event_to_dict",
 ]  # fmt: skip

@@ -25,13 +25,16 @@ from dataclasses import dataclass
 
 from inference.engine.engine import PromptTooLong
 from inference.engine.params import InvalidParams
+from inference.engine.refusals import RefusalKind, Refused
 
 MAX_INPUTS = 512  # per request; OpenAI allows 2048, but one request should not hold a model long
 MAX_TOTAL_TOKENS = 300_000  # over every input of a request (OpenAI's own per-request limit)
 
 
-class EmbeddingFailed(RuntimeError):
+class EmbeddingFailed(Refused, RuntimeError):
     """The model could not compute the embeddings (llama.cpp failed): not the client's fault."""
+
+    kind = RefusalKind.FAILED
 
 
 @dataclass(slots=True, frozen=True)

@@ -5,7 +5,8 @@ handle. A failure in one request fails that request, never the loop.
 
 Interface (what the web app, the worker and the LAN API build on):
     engine = Engine(runner, itl_target=0.1).start()
-    handle = engine.submit("prompt text" or [token ids], SamplingParams(...), cache_key="conv-1")
+    handle = engine.submit(GenerationRequest("prompt text" or (token ids), SamplingParams(...),
+                                             cache_key="conv-1"))
     for event in handle.events(): ...        # or: async for event in handle.aevents()
     engine.cancel(handle.id)                 # thread-safe, at any point
     engine.snapshot()                        # telemetry, readable from any thread
@@ -16,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol
@@ -32,8 +32,10 @@ from inference.engine.events import (
     RequestHandle,
     TokenEvent,
 )
+from inference.engine.generation import GenerationRequest
 from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
+from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
 from inference.engine.scheduler import Chunk, QueueFull, Scheduler
 from inference.engine.telemetry import Telemetry
@@ -46,12 +48,16 @@ STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tok
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(Refused, ValueError):
     """The prompt does not fit the context: it can never run, so it is refused at submit."""
 
+    kind = RefusalKind.TOO_LONG
 
-class EngineStopped(RuntimeError):
+
+class EngineStopped(Refused, RuntimeError):
     """The engine is shutting down or has stopped."""
+
+    kind = RefusalKind.UNAVAILABLE
 
 
 class Runner(Protocol):
@@ -124,24 +130,20 @@ class Engine:
 
     def submit(
         self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
+        asked: GenerationRequest,
         *,
-        request_id: str | None = None,
-        cache_key: str | None = None,
-        cache_partition: str | None = None,
-        accepted_at: float | None = None,
         load_time: float = 0.0,
-        add_special: bool = True,
         sink: Callable[[Event], None] | None = None,
     ) -> RequestHandle:
         """Queue a request. Raises InvalidParams, PromptTooLong, QueueFull or EngineStopped at
-        once. With a `sink`, the request's events are passed to it (on the engine thread) as
-        they happen."""
-        accepted = time.perf_counter() if accepted_at is None else accepted_at
+        once. `load_time`: the model load its host charged to it. With a `sink`, the request's
+        events are passed to it (on the engine thread) as they happen."""
+        accepted = asked.accepted_perf()
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
-        ids = self.runner.tokenize(prompt, add_special) if isinstance(prompt, str) else list(prompt)
+        prompt = asked.prompt
+        ids = (self.runner.tokenize(prompt, asked.add_special) if isinstance(prompt, str)
+               else list(prompt))  # fmt: skip
         if not ids:
             raise PromptTooLong("the prompt is empty")
         limit = self.runner.ctx_per_seq
@@ -150,15 +152,14 @@ class Engine:
                 f"the prompt is {len(ids)} tokens but the context holds {limit} tokens per "
                 f"sequence (prompt and answer together)"
             )
-        params = params or SamplingParams()
-        self.runner.validate(params)  # a grammar llama.cpp cannot parse is refused here
+        self.runner.validate(asked.params)  # a grammar llama.cpp cannot parse is refused here
         request = Request(
-            id=request_id or uuid.uuid4().hex,
+            id=asked.request_id,
             prompt_ids=ids,
-            params=params,
+            params=asked.params,
             accepted_at=accepted,
-            cache_key=cache_key,
-            cache_partition=cache_partition,
+            cache_key=asked.cache_key,
+            cache_partition=asked.cache_partition,
             load_time=load_time,
         )
         handle = RequestHandle(request.id, self.cancel, sink)

@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from inference.engine.refusals import RefusalKind
+
 
 @dataclass(slots=True, frozen=True)
 class TokenEvent:
@@ -71,14 +73,18 @@ class ErrorEvent:
     message: str
     figures: dict
     type: Literal["error"] = "error"
-    code: str | None = None  # "unavailable": the runner process ended; None: the request failed
+    # "unavailable": the runner process ended; "failed": the request broke in the engine
+    code: RefusalKind = RefusalKind.FAILED
 
 
 Event = TokenEvent | PhaseEvent | QueueEvent | PrefillEvent | DoneEvent | ErrorEvent
 
 
 def event_to_dict(event: Event) -> dict:
-    return asdict(event)
+    data = asdict(event)
+    if "code" in data:  # a plain string on the wire (JSON, msgpack), whatever reads it
+        data["code"] = str(data["code"])
+    return data
 
 
 def is_final(event: Event) -> bool:

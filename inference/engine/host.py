@@ -1,9 +1,10 @@
 """Loaded models: load, unload, keep-alive and least-recently-used eviction.
 
-The host owns one engine per loaded model: an in-process Engine on a runner from
-`runner_factory`, or whatever `engine_factory` starts (the appliance's runner processes,
-inference.serving.supervisor), which offers the same interface (ServingEngine). An engine that
-stopped by itself (its runner process died) is dropped, and the next request loads anew.
+The host owns one engine per loaded model, whatever its `engine_factory` starts: the
+appliance's runner processes (inference.serving.supervisor), or in tests an Engine on a fake
+runner; both offer the same interface (ServingEngine). It has no default: a model's engine never
+runs in the host's own process. An engine that stopped by itself (its runner process died) is
+dropped, and the next request loads anew.
 
 Loading is charged to the request that needed it (its `load_time`), and keep-alive follows
 Ollama: a duration after the last answer, 0 unloads right after the answer, a negative value
@@ -27,9 +28,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inference.engine.engine import Engine
 from inference.engine.events import RequestHandle
-from inference.engine.params import SamplingParams
+from inference.engine.generation import GenerationRequest
+from inference.engine.refusals import RefusalKind, Refused
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +55,25 @@ class ModelSpec:
     def needed_ctx(self) -> int:
         return max(_ctx_of(self.config), self.min_ctx)
 
+    def to_wire(self) -> dict:
+        """As JSON (split mode): an inference worker on another box needs no database."""
+        return {"name": self.name, "keep_alive": self.keep_alive,
+                "config": dataclasses.asdict(self.config), "min_ctx": self.min_ctx}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "ModelSpec":
+        from inference.engine.runner_config import RunnerConfig  # plain data, no llama_cpp
+
+        return cls(data["name"], RunnerConfig(**data["config"]), data["keep_alive"],
+                   min_ctx=int(data.get("min_ctx") or 0))  # fmt: skip
+
 
 class ServingEngine(Protocol):
     """What the host needs of a loaded model's engine (Engine, or a runner process)."""
 
     last_active: float
 
-    def submit(self, prompt, params=None, **kwargs) -> RequestHandle: ...
+    def submit(self, request: GenerationRequest, *, load_time: float = 0.0) -> RequestHandle: ...
     def embed(self, inputs: list, *, truncate: bool = True) -> Future: ...  # of an Embedding
     def info(self) -> dict: ...
     def snapshot(self) -> dict: ...
@@ -92,27 +105,23 @@ class Loaded:
         return self.keep_alive - (now - max(self.last_used, self.engine.last_active))
 
 
-class ModelBusy(RuntimeError):
+class ModelBusy(Refused, RuntimeError):
     """A model cannot be unloaded or evicted while it is answering."""
+
+    kind = RefusalKind.BUSY
 
 
 class EngineHost:
     def __init__(
         self,
-        runner_factory: Callable[[object], object] | None = None,
+        engine_factory: Callable[[ModelSpec], ServingEngine],
         *,
-        engine_factory: Callable[[ModelSpec], ServingEngine] | None = None,
         max_loaded: int = 1,
-        itl_target: float = 0.1,
-        max_queue: int = 64,
         validate: Callable[[ModelSpec], None] | None = None,
         preflight: Callable[..., ModelSpec | None] | None = None,
     ):
-        self._runner_factory = runner_factory or _llama_runner
-        self._engine_factory = engine_factory or self._in_process_engine
+        self._engine_factory = engine_factory
         self.max_loaded = max_loaded
-        self.itl_target = itl_target
-        self.max_queue = max_queue
         self.validate = validate  # before anything is evicted: is the file sound?
         # After room is made: does it fit? Called as preflight(spec), or preflight(spec,
         # replacing=<the loaded spec>) for a reload; raises to refuse, returns the spec to load
@@ -196,12 +205,6 @@ class EngineHost:
         log.info("loaded %s in %.2f s (%d tokens per sequence)",
                  spec.name, now - load_started, _ctx_of(spec.config))  # fmt: skip
 
-    def _in_process_engine(self, spec: ModelSpec) -> Engine:
-        runner = self._runner_factory(spec.config)
-        return Engine(
-            runner, itl_target=self.itl_target, max_queue=self.max_queue, name=spec.name
-        ).start()
-
     def _drop_stopped(self) -> None:
         """(Under _lock.) Forget engines that stopped by themselves (a runner process died)."""
         for name, loaded in list(self._loaded.items()):
@@ -267,27 +270,13 @@ class EngineHost:
 
     # --- requests ----------------------------------------------------------------------------
 
-    def submit(
-        self,
-        spec: ModelSpec,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        *,
-        keep_alive: float | None = None,
-        accepted_at: float | None = None,
-        **kwargs,
-    ) -> RequestHandle:
+    def submit(self, spec: ModelSpec, request: GenerationRequest) -> RequestHandle:
         """Load the model if needed (charging the wait to this request) and submit."""
-        accepted = time.perf_counter() if accepted_at is None else accepted_at
         with self._lock:  # so the keep-alive sweep cannot unload between load and submit
             engine, waited = self.load(spec)
-            loaded = self._loaded[spec.name]
-            if keep_alive is not None:
-                loaded.keep_alive = keep_alive
-            return engine.submit(
-                prompt, params, accepted_at=accepted, load_time=waited if waited > 0.05 else 0.0,
-                **kwargs,
-            )  # fmt: skip
+            if request.keep_alive is not None:
+                self._loaded[spec.name].keep_alive = request.keep_alive
+            return engine.submit(request, load_time=waited if waited > 0.05 else 0.0)
 
     def embed(
         self, spec: ModelSpec, inputs: list, *, truncate: bool = True,
@@ -344,9 +333,3 @@ class EngineHost:
 def _ctx_of(config: object) -> int:
     """A config's context per sequence (0: automatic, or a stand-in config without one)."""
     return getattr(config, "ctx_per_seq", 0) or 0
-
-
-def _llama_runner(config: object) -> object:
-    from inference.engine.runner import LlamaRunner  # the only path that imports llama_cpp
-
-    return LlamaRunner(config)

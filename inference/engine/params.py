@@ -9,13 +9,16 @@ the runner can tell, and it does so at submit (inference.engine.runner, `validat
 import math
 from dataclasses import dataclass, field
 
+from inference.engine.refusals import RefusalKind, Refused
 
-class InvalidParams(ValueError):
+
+class InvalidParams(Refused, ValueError):
     """A sampling parameter is out of range; `field` names it for API error messages."""
 
+    kind = RefusalKind.INVALID
+
     def __init__(self, field_name: str, message: str):
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
+        super().__init__(f"{field_name}: {message}", field=field_name)
 
 
 MAX_STOP_STRINGS = 16
@@ -70,6 +73,32 @@ def _nesting(grammar: str) -> int:
         elif char == ")":
             depth -= 1
     return deepest
+
+
+# The fields a model's saved defaults may set (its page's form, a pulled params layer): the
+# sampling knobs, never a grammar, which shapes one request's output.
+DEFAULTABLE = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+               "presence_penalty", "frequency_penalty", "seed", "max_tokens", "stop")  # fmt: skip
+
+
+def usable_defaults(saved: object, fields: tuple[str, ...] = DEFAULTABLE) -> dict:
+    """The part of saved sampling defaults a request can run with: the `fields` whose value
+    passes SamplingParams' own checks (a stop string alone becomes a list). Whatever else is
+    there is left out, so a stale or odd saved value never refuses a request."""
+    kept: dict = {}
+    for key, value in (saved.items() if isinstance(saved, dict) else ()):
+        if key not in fields:
+            continue
+        if key == "stop":
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list | tuple):
+                continue
+        try:
+            SamplingParams(**{key: tuple(value) if key == "stop" else value})
+        except (InvalidParams, TypeError):
+            continue
+        kept[key] = list(value) if key == "stop" else value
+    return kept
 
 
 @dataclass(slots=True, frozen=True)

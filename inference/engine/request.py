@@ -1,7 +1,8 @@
 """A request's state, token ids and the timestamps every figure is computed from.
 
 Times are `time.perf_counter()` seconds in the engine's process. The figure definitions are
-DESIGN.md's: queue time, load time, prefill time, prompt tok/s, TTFT, ITL, decode tok/s.
+the README's ("The figures"): queue time, load time, prefill time, prompt tok/s, TTFT, ITL,
+decode tok/s.
 """
 
 from dataclasses import dataclass, field

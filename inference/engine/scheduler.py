@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 
 from inference.engine.budget import TokenBudget
 from inference.engine.prefix_cache import KvTrim, PrefixCache
+from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
 
 
-class QueueFull(Exception):
+class QueueFull(Refused):
     """More requests are waiting than the engine accepts: the caller should answer 'busy'."""
+
+    kind = RefusalKind.BUSY
 
 
 @dataclass(slots=True)
@@ -42,10 +45,6 @@ class StepPlan:
     @property
     def n_tokens(self) -> int:
         return sum(len(c.tokens) for c in self.chunks)
-
-    @property
-    def empty(self) -> bool:
-        return not self.chunks and not self.kv_trims
 
 
 class Scheduler:

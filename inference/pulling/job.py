@@ -40,7 +40,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference.downloads import ATTEMPTS, BACKOFF_S, RETRIED, DownloadError, fetch_with_retries
-from inference.engine.params import InvalidParams, SamplingParams
+from inference.engine.params import DEFAULTABLE, usable_defaults
 from inference.gguf import GGUFError
 from inference.importing import (
     STALE_JOB_S,
@@ -66,8 +66,7 @@ PHASES = ("manifest", "layers", "verifying", "writing", "done")
 # Ollama parameters that map onto the engine's sampling defaults as they are. Left out on
 # purpose: num_ctx (the model's context is its settings' and the memory check's), num_predict,
 # seed (a fixed seed for every answer), and anything the engine does not have.
-SAMPLING_PARAMS = ("stop", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                   "repeat_last_n", "presence_penalty", "frequency_penalty")  # fmt: skip
+PULLED_FIELDS = tuple(name for name in DEFAULTABLE if name not in ("seed", "max_tokens"))
 MAX_SYSTEM_CHARS = 32_000
 LOCK_NOTE_S = 60.0  # how often a pull waiting for another one says so (keeps its row fresh)
 
@@ -316,20 +315,10 @@ def _adopt(model: LLMModel, plan: Plan, *, installed: bool) -> None:
 
 def sampling_defaults(params: dict) -> dict:
     """The params layer's values the engine takes as they are, each one checked; the rest is
-    left out (see SAMPLING_PARAMS)."""
-    kept = {}
-    for key in SAMPLING_PARAMS:
-        if key not in params:
-            continue
-        value = params[key]
-        if key == "stop" and isinstance(value, str):
-            value = [value]
-        try:
-            SamplingParams(**{key: tuple(value) if key == "stop" else value})
-        except (InvalidParams, TypeError):
-            log.info("the params layer's %s=%r is not used", key, value)
-            continue
-        kept[key] = list(value) if key == "stop" else value
+    left out (logged): a seed, which would give every answer of the model the same dice."""
+    kept = usable_defaults(params, PULLED_FIELDS)
+    for key in sorted(set(params) - set(kept)):
+        log.info("the params layer's %s=%r is not used", key, params[key])
     return kept
 
 

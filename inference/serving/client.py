@@ -6,11 +6,15 @@ Two implementations behind one interface, both on the serving core (inference.se
   request to an inference worker, which supervises its own runners; events come back over the
   channel layer.
 
-`stream()` yields event dicts: {"type": "phase" | "token" | "done" | "error", ...} as
-inference.engine.events defines them. It never raises for a request's own problem: a refused
-request (bad params, prompt too long, busy, load failure) is one error event with a `code`
-(invalid, too_long, busy, load_failed, unavailable) that the API maps to an HTTP status.
-Leaving the iteration early cancels the generation at once.
+Code outside inference.serving asks the client, never the mode: what it streams, embeds, loads
+and unloads, its workers' snapshots, whether this process must publish those snapshots to the
+dashboards (`publishes_telemetry`), and the idle unload's sweep (`unload_idle`).
+
+`stream()` takes the GenerationRequest the web side built and yields event dicts: {"type":
+"phase" | "progress" | "token" | "done" | "error", ...} as inference.engine.events defines them.
+It never raises for a request's own problem: a refused request is one error event whose `code`
+is a RefusalKind (inference.engine.refusals), which the API maps to an HTTP status. Leaving the
+iteration early cancels the generation at once.
 
 `embed()` returns the vectors of an EmbedJob (inference.serving.embeds) as an EmbedResult, or
 raises EmbedError, whose `event` is the error event a refused generation would give.
@@ -19,59 +23,38 @@ raises EmbedError, whose `event` is the error event a refused generation would g
 import asyncio
 import threading
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Literal, Protocol
 
 from django.conf import settings
 
+from inference.engine import GenerationRequest
 from inference.engine.host import EngineHost, ModelSpec
 from inference.serving.core import serve
 from inference.serving.embeds import EmbedJob, EmbedResult, embed
 from inference.serving.feed import worker_snapshot
-from inference.serving.generation import Generation
+from inference.serving.hosting import make_host, make_supervisor
 from inference.serving.supervisor import RunnerSupervisor
 
 
 class InferenceClient(Protocol):
-    def stream(self, generation: Generation, spec: ModelSpec) -> AsyncIterator[dict]: ...
+    mode: Literal["embedded", "split"]  # for what the pages and /healthz show, nothing else
+    publishes_telemetry: bool  # this process sends its workers' snapshots to the dashboards
+
+    def stream(self, request: GenerationRequest, spec: ModelSpec) -> AsyncIterator[dict]: ...
     async def cancel(self, request_id: str) -> None: ...
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
     async def unload(self, name: str) -> bool: ...
     async def load(self, spec: ModelSpec) -> None: ...
+    def unload_idle(self) -> list[str]: ...  # the models whose keep-alive ran out, unloaded
     def snapshots(self) -> list[dict]: ...  # one per inference worker
-
-
-def make_supervisor() -> RunnerSupervisor:
-    return RunnerSupervisor(
-        itl_target=settings.ITL_TARGET_MS / 1000.0,
-        max_queue=settings.ENGINE_MAX_QUEUE,
-        state_dir=settings.DATA_DIR,
-    )
-
-
-def make_host(supervisor: RunnerSupervisor) -> EngineHost:
-    """The serving host: every loaded model in a runner process of `supervisor`."""
-    from inference.preflight import fit, validate  # GGUF check; context sized, memory vs free
-
-    def fits_beside_the_loaded(spec: ModelSpec, replacing: ModelSpec | None = None) -> ModelSpec:
-        # Runs under the host's load lock, after room was made: what is loaded now stays.
-        others = [row for row in host.loaded() if row["name"] != spec.name]
-        return fit(spec, resident_bytes=sum(row["size_bytes"] for row in others),
-                   replacing=replacing)  # fmt: skip
-
-    host = EngineHost(
-        engine_factory=supervisor.start,
-        max_loaded=settings.MAX_LOADED_MODELS,
-        itl_target=settings.ITL_TARGET_MS / 1000.0,
-        max_queue=settings.ENGINE_MAX_QUEUE,
-        validate=validate,
-        preflight=fits_beside_the_loaded,
-    )
-    return host
 
 
 class EmbeddedClient:
     """Runner processes supervised by this process: the README's quick start, and the test
-    suite's default."""
+    suite's default. The engines live here, so this process publishes their telemetry."""
+
+    mode = "embedded"
+    publishes_telemetry = True
 
     def __init__(self, host: EngineHost | None = None, supervisor: RunnerSupervisor | None = None):
         """Without a host: runner processes of a new supervisor. With one (tests): its engines,
@@ -84,14 +67,14 @@ class EmbeddedClient:
         self.host.start_sweeper()
         self._handles: dict = {}
 
-    async def stream(self, generation: Generation, spec: ModelSpec) -> AsyncIterator[dict]:
-        rid = generation.request_id
+    async def stream(self, request: GenerationRequest, spec: ModelSpec) -> AsyncIterator[dict]:
+        rid = request.request_id
 
         def remember(handle) -> None:
             self._handles[rid] = handle
 
         try:
-            async for event in serve(self.host, generation, spec, on_handle=remember):
+            async for event in serve(self.host, request, spec, on_handle=remember):
                 yield event
         finally:
             self._handles.pop(rid, None)
@@ -109,6 +92,9 @@ class EmbeddedClient:
 
     async def load(self, spec: ModelSpec) -> None:
         await asyncio.to_thread(self.host.load, spec)
+
+    def unload_idle(self) -> list[str]:
+        return self.host.unload_idle()
 
     def snapshots(self) -> list[dict]:
         return [worker_snapshot(self.host, "embedded", mode="embedded", supervisor=self.supervisor)]

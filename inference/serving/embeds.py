@@ -2,7 +2,7 @@
 
     result = await embed(host, job, spec)   # it may load the model first
 
-The job travels as a plain dict in split mode (Celery JSON), like a Generation; the result
+The job travels as a plain dict in split mode (Celery JSON), like a GenerationRequest; the result
 comes back as an EmbedResult, whose vectors cross Redis as base64 of their float32 bytes. A
 refusal or failure is an EmbedError carrying the same error event (with its `code`) that a
 refused generation gives, so the API maps both to the same statuses.
@@ -13,9 +13,10 @@ import base64
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from inference.engine.embedding import Embedding, EmbeddingFailed
+from inference.engine.embedding import Embedding
 from inference.engine.host import EngineHost, ModelSpec
-from inference.serving.core import error_event, refusal
+from inference.engine.refusals import RefusalKind, Refused, error_event
+from inference.serving.core import refusal_event
 
 EMBED_TIMEOUT_S = 600.0  # MAX_INPUTS inputs of a large model on a slow CPU take minutes
 
@@ -60,12 +61,13 @@ class EmbedError(Exception):
 
     @classmethod
     def of(cls, request_id: str, exc: BaseException) -> "EmbedError":
-        if isinstance(exc, EmbeddingFailed):
-            return cls(error_event(request_id, "failed", f"the embedding failed: {exc}"))
+        if isinstance(exc, Refused) and exc.kind == RefusalKind.FAILED:  # EmbeddingFailed
+            return cls(error_event(request_id, RefusalKind.FAILED,
+                                   f"the embedding failed: {exc}"))  # fmt: skip
         if isinstance(exc, TimeoutError):
             what = f"no embedding within {EMBED_TIMEOUT_S:.0f} s"
-            return cls(error_event(request_id, "unavailable", what))
-        return cls(refusal(request_id, exc))
+            return cls(error_event(request_id, RefusalKind.UNAVAILABLE, what))
+        return cls(refusal_event(request_id, exc))
 
 
 async def embed(host: EngineHost, job: EmbedJob, spec: ModelSpec) -> EmbedResult:

@@ -1,9 +1,10 @@
 """What a supervisor and its runner process say to each other, over one local connection.
 
-Every payload is a dataclass (pickled by multiprocessing.connection); engine events cross as
-the engine's own event dataclasses. One exchange at a time per direction is never assumed:
-the runner answers each Submit with Accepted or Refused carrying the request id, and events of
-many requests interleave on the same connection.
+Every payload is a dataclass (pickled by multiprocessing.connection); a request crosses as the
+GenerationRequest the web side built, engine events as the engine's own event dataclasses, and
+a refusal as its Refusal (kind, message, field). One exchange at a time per direction is never
+assumed: the runner answers each Submit with Accepted or Refused carrying the request id, and
+events of many requests interleave on the same connection.
 
     supervisor → runner: Launch (first), then Submit, Cancel, Embed, SnapshotRequest, Shutdown
     runner → supervisor: Ready or LoadFailed (first), then Accepted, Refused, engine events,
@@ -12,13 +13,10 @@ many requests interleave on the same connection.
 """
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from inference.engine.embedding import Embedding
-from inference.engine.params import SamplingParams
-
-# A refusal's kind: how the supervisor raises it again on its side.
-RefusalKind = Literal["invalid", "too_long", "busy", "stopped", "error"]
+from inference.engine.generation import GenerationRequest
+from inference.engine.refusals import Refusal
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,14 +45,8 @@ class LoadFailed:
 
 @dataclass(slots=True, frozen=True)
 class Submit:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    accepted_at: float  # time.perf_counter(): CLOCK_MONOTONIC, the same in every process here
-    load_time: float = 0.0
-    cache_key: str | None = None
-    add_special: bool = True
-    cache_partition: str | None = None
+    request: GenerationRequest  # as the web side built it
+    load_time: float = 0.0  # the model load its host charged to it
 
 
 @dataclass(slots=True, frozen=True)
@@ -65,9 +57,7 @@ class Accepted:
 @dataclass(slots=True, frozen=True)
 class Refused:
     request_id: str
-    kind: RefusalKind
-    message: str
-    field: str | None = None  # the sampling field, for kind "invalid"
+    refusal: Refusal
 
 
 @dataclass(slots=True, frozen=True)
@@ -94,9 +84,7 @@ class Embedded:
 @dataclass(slots=True, frozen=True)
 class EmbedFailed:
     request_id: str
-    kind: RefusalKind
-    message: str
-    field: str | None = None  # the request field at fault, for kind "invalid"
+    refusal: Refusal
 
 
 @dataclass(slots=True, frozen=True)

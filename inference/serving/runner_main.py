@@ -25,7 +25,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from inference.engine import Engine, EngineStopped, InvalidParams, PromptTooLong, QueueFull
+from inference.engine import Engine, Refused
 from inference.serving import messages as m
 
 log = logging.getLogger("inference.runner")
@@ -60,25 +60,12 @@ def warm_up(engine: Engine) -> None:
         engine.on_engine_thread(warm).result()
 
 
-def refusal(request_id: str, exc: Exception) -> m.Refused:
-    if isinstance(exc, InvalidParams):
-        return m.Refused(request_id, "invalid", str(exc), exc.field)
-    if isinstance(exc, PromptTooLong):
-        return m.Refused(request_id, "too_long", str(exc))
-    if isinstance(exc, QueueFull):
-        return m.Refused(request_id, "busy", str(exc))
-    if isinstance(exc, EngineStopped):
-        return m.Refused(request_id, "stopped", str(exc))
-    return m.Refused(request_id, "error", str(exc) or type(exc).__name__)
-
-
 def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:
     """Start an Embed; its answer goes out when the engine thread has computed it."""
     rid = message.request_id
 
     def failed(exc: BaseException) -> m.EmbedFailed:
-        refused = refusal(rid, exc)
-        return m.EmbedFailed(rid, refused.kind, refused.message, refused.field)
+        return m.EmbedFailed(rid, Refused.of(exc).refusal)
 
     def answer(future) -> None:
         exc = future.exception()
@@ -100,20 +87,15 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             log.info("%s: the supervisor went away; stopping", engine.name)
             return
         if isinstance(message, m.Submit):
+            rid = message.request.request_id
             try:
-                engine.submit(
-                    message.prompt, message.params, request_id=message.request_id,
-                    cache_key=message.cache_key, cache_partition=message.cache_partition,
-                    accepted_at=message.accepted_at,
-                    load_time=message.load_time, add_special=message.add_special,
-                    sink=outbox.send,
-                )  # fmt: skip
+                engine.submit(message.request, load_time=message.load_time, sink=outbox.send)
             except Exception as exc:  # noqa: BLE001 - every refusal is an answer
-                outbox.send(refusal(message.request_id, exc))
+                outbox.send(m.Refused(rid, Refused.of(exc).refusal))
             else:
                 # Sent after submit returned: the Accepted can follow the request's first
                 # events, which the supervisor buffers until it sees it.
-                outbox.send(m.Accepted(message.request_id))
+                outbox.send(m.Accepted(rid))
         elif isinstance(message, m.Cancel):
             engine.cancel(message.request_id)
         elif isinstance(message, m.Embed):

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from inference.engine import EngineStopped, InvalidParams, PromptTooLong, QueueFull
-from inference.engine.embedding import EmbeddingFailed
+from inference.engine import EngineStopped, GenerationRequest
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
-from inference.engine.params import SamplingParams
+from inference.engine.refusals import Refusal, RefusalKind, Refused
 from inference.serving import messages as m
 
 log = logging.getLogger(__name__)
@@ -44,8 +43,10 @@ SNAPSHOT_TIMEOUT_S = 0.5
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
-class RunnerLoadError(RuntimeError):
+class RunnerLoadError(Refused, RuntimeError):
     """The runner could not load the model (llama.cpp refused it, or the runner died)."""
+
+    kind = RefusalKind.LOAD_FAILED
 
     def __init__(self, message: str, exit: "RunnerExit | None" = None):
         super().__init__(message)
@@ -98,7 +99,7 @@ class _Pending:
 
     def __init__(self):
         self.done = threading.Event()
-        self.refusal: m.Refused | None = None
+        self.refusal: Refusal | None = None
 
 
 class RunnerProcess:
@@ -200,21 +201,10 @@ class RunnerProcess:
 
     # --- requests ----------------------------------------------------------------------------
 
-    def submit(
-        self,
-        prompt: str | list[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        cache_key: str | None = None,
-        cache_partition: str | None = None,
-        accepted_at: float | None = None,
-        load_time: float = 0.0,
-        add_special: bool = True,
-    ) -> RequestHandle:
-        """Queue a request in the runner; raises what Engine.submit raises, at once."""
-        accepted = time.perf_counter() if accepted_at is None else accepted_at
-        request_id = request_id or uuid.uuid4().hex
+    def submit(self, request: GenerationRequest, *, load_time: float = 0.0) -> RequestHandle:
+        """Queue a request in the runner; raises a Refused of the kind Engine.submit's refusal
+        had, at once."""
+        request_id = request.request_id
         handle = RequestHandle(request_id, self.cancel)
         pending = _Pending()
         with self._lock:
@@ -225,14 +215,13 @@ class RunnerProcess:
             self._pending[request_id] = pending
             self._handles[request_id] = handle
             self._phases[request_id] = "waiting"
-        self._send(m.Submit(request_id, prompt, params or SamplingParams(), accepted,
-                            load_time, cache_key, add_special, cache_partition))  # fmt: skip
+        self._send(m.Submit(request, load_time))
         if not pending.done.wait(SUBMIT_TIMEOUT_S):
             self._forget(request_id)
             raise EngineStopped(f"the runner for {self.name} did not answer")
         if pending.refusal is not None:
             self._forget(request_id)
-            raise _refusal_error(pending.refusal)
+            raise pending.refusal.error()
         if self.exit is not None and handle.final is None:  # died between accept and here
             handle.deliver(self._death_event(request_id))
         return handle
@@ -356,7 +345,7 @@ class RunnerProcess:
         if pending is None:
             return
         if isinstance(answer, m.Refused):
-            pending.refusal = answer
+            pending.refusal = answer.refusal
         for event in early:
             self._on_event(event)
         pending.done.set()
@@ -370,11 +359,8 @@ class RunnerProcess:
         if isinstance(answer, m.Embedded):
             self.answered += 1  # its kernels ran: the runner really works here
             future.set_result(answer.embedding)
-        elif answer.kind == "error":
-            future.set_exception(EmbeddingFailed(answer.message))
         else:
-            refused = m.Refused(answer.request_id, answer.kind, answer.message, answer.field)
-            future.set_exception(_refusal_error(refused))
+            future.set_exception(answer.refusal.error())
 
     def _on_connection_closed(self) -> None:
         returncode = None
@@ -405,7 +391,7 @@ class RunnerProcess:
                 else self.exit.sentence(self.name)
             ))  # fmt: skip
         for waiting in pending:
-            waiting.refusal = m.Refused("", "stopped", self._stopped_message())
+            waiting.refusal = Refusal(RefusalKind.UNAVAILABLE, self._stopped_message())
             waiting.done.set()
         self._ready.set()  # a start() still waiting learns of the death
         with self._lock:
@@ -441,16 +427,4 @@ class RunnerProcess:
         else:
             what = self.exit.sentence(self.name) if self.exit else self._stopped_message()
             message = f"{what}; the answer so far is kept"
-        return ErrorEvent(request_id, message, {}, code="unavailable")
-
-
-def _refusal_error(refusal: m.Refused) -> Exception:
-    if refusal.kind == "invalid":
-        return InvalidParams(refusal.field or "params", refusal.message.split(": ", 1)[-1])
-    if refusal.kind == "too_long":
-        return PromptTooLong(refusal.message)
-    if refusal.kind == "busy":
-        return QueueFull(refusal.message)
-    if refusal.kind == "stopped":
-        return EngineStopped(refusal.message)
-    return ValueError(refusal.message)
+        return ErrorEvent(request_id, message, {}, code=RefusalKind.UNAVAILABLE)

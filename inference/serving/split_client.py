@@ -3,7 +3,8 @@ inference.serving.worker. The same interface as inference.serving.client.Embedde
 
 A request, step by step:
 1. Make a reply channel on the channel layer and publish the Celery task "inference.generate"
-   (queue "inference") with the generation, the model's spec and the reply channel. Publishing
+   (queue "inference") with the request (GenerationRequest.to_wire), the model's spec and the
+   reply channel. Publishing
    blocks, so it runs in a thread, with short connect timeouts and a capped retry: an
    unreachable Redis is one "unavailable" error event within seconds.
 2. Relay the events that arrive on the reply channel until done or error. The worker's first
@@ -34,11 +35,11 @@ from channels.layers import channel_layers
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.engine.host import ModelBusy, ModelSpec
+from inference.engine import GenerationRequest
+from inference.engine.host import ModelSpec
+from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
-from inference.serving.core import error_event
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
-from inference.serving.generation import Generation, spec_to_dict
 from inference.serving.worker_control import REPLY_PREFIX
 
 log = logging.getLogger(__name__)
@@ -53,8 +54,10 @@ BROKER_POOL_LIMIT = 16
 FINAL = ("done", "error")
 
 
-class WorkerError(RuntimeError):
+class WorkerError(Refused, RuntimeError):
     """The inference workers could not do a load or unload."""
+
+    kind = RefusalKind.UNAVAILABLE
 
 
 class NoWorker(WorkerError):
@@ -67,7 +70,7 @@ def broker_unreachable(request_id: str, exc: BaseException) -> dict:
     else:
         reason = str(exc) or type(exc).__name__
     return error_event(
-        request_id, "unavailable", f"the message broker (Redis) is unreachable: {reason}"
+        request_id, RefusalKind.UNAVAILABLE, f"the message broker (Redis) is unreachable: {reason}"
     )
 
 
@@ -83,6 +86,9 @@ class _Stream:
 
 
 class SplitClient:
+    mode = "split"
+    publishes_telemetry = False  # each inference worker publishes its own (worker_state)
+
     def __init__(
         self,
         redis_url: str | None = None,
@@ -144,11 +150,11 @@ class SplitClient:
 
     # --- 2. relaying -----------------------------------------------------------------------------
 
-    async def stream(self, generation: Generation, spec: ModelSpec) -> AsyncIterator[dict]:
-        rid = generation.request_id
+    async def stream(self, request: GenerationRequest, spec: ModelSpec) -> AsyncIterator[dict]:
+        rid = request.request_id
         layer = self._layer()
         reply = await layer.new_channel()
-        payload = {"generation": generation.to_dict(), "spec": spec_to_dict(spec), "reply": reply}
+        payload = {"request": request.to_wire(), "spec": spec.to_wire(), "reply": reply}
         state = _Stream(rid)
         self._streams[rid] = state
         published = False
@@ -212,12 +218,15 @@ class SplitClient:
                     if workers_alive:
                         last_seen_worker = now
                     if now - last_seen_worker > self.worker_wait_s:
-                        problem = error_event(rid, "unavailable", "no inference worker is running")
+                        problem = error_event(
+                            rid, RefusalKind.UNAVAILABLE, "no inference worker is running"
+                        )
                     elif now - queued_at > self.queue_wait_s:
                         waited = f"{self.queue_wait_s:.0f} s"
                         problem = error_event(
-                            rid, "busy", f"no inference worker took the request within {waited}"
-                        )
+                            rid, RefusalKind.BUSY,
+                            f"no inference worker took the request within {waited}",
+                        )  # fmt: skip
                 if problem is not None:
                     yield problem
                     return
@@ -240,7 +249,7 @@ class SplitClient:
             return None, True
         log.warning("worker %s stopped while answering %s", state.worker, state.request_id)
         return error_event(
-            state.request_id, "unavailable",
+            state.request_id, RefusalKind.UNAVAILABLE,
             f"the inference worker stopped while answering (worker {state.worker})",
         ), False  # fmt: skip
 
@@ -250,7 +259,7 @@ class SplitClient:
         rid = job.request_id
         layer = self._layer()
         reply = await layer.new_channel()
-        payload = {"job": job.to_dict(), "spec": spec_to_dict(spec), "reply": reply}
+        payload = {"job": job.to_dict(), "spec": spec.to_wire(), "reply": reply}
         state = _Stream(rid)
         self._streams[rid] = state
         try:
@@ -267,9 +276,13 @@ class SplitClient:
                 if message.get("type") in FINAL:
                     break
             else:
-                message = error_event(rid, "unavailable", "the inference worker gave no answer")
+                message = error_event(
+                    rid, RefusalKind.UNAVAILABLE, "the inference worker gave no answer"
+                )
             if message.get("type") != "error":
-                message = error_event(rid, "unavailable", "the embedding was not computed")
+                message = error_event(
+                    rid, RefusalKind.UNAVAILABLE, "the embedding was not computed"
+                )
             raise EmbedError(message)
         finally:
             self._streams.pop(rid, None)
@@ -344,26 +357,49 @@ class SplitClient:
         if not failures:
             return
         message = "; ".join(f"{a.get('worker')}: {a.get('message')}" for a in failures)
-        if all(a.get("error") == "busy" for a in failures):
-            raise ModelBusy(message)
+        kinds = {a.get("error") for a in failures}
+        if len(kinds) == 1 and kinds <= set(RefusalKind):  # every worker said the same no
+            raise WorkerError(message, kind=RefusalKind(kinds.pop()))
         raise WorkerError(message)
 
     async def load(self, spec: ModelSpec) -> None:
         """Load the model on every inference worker; raises if any could not."""
-        command = {"op": "load", "spec": spec_to_dict(spec)}
+        command = {"op": "load", "spec": spec.to_wire()}
         answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
         self._raise_failures(answers)
 
     async def unload(self, name: str) -> bool:
         """Unload the model wherever it is loaded; True if some worker had it."""
-        command = {"op": "unload", "name": name}
+        return await asyncio.to_thread(self._unload, name)
+
+    def _unload(self, name: str) -> bool:
         try:
-            answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
+            answers = self._control({"op": "unload", "name": name}, self.control_timeout_s)
         except NoWorker:
             return False  # nothing is loaded anywhere
         unloaded = any(a.get("ok") and a.get("result") for a in answers)
         if not unloaded:
             self._raise_failures(answers)
+        return unloaded
+
+    def unload_idle(self) -> list[str]:
+        """Every worker sweeps its own host already; this is the safety net on the beat's
+        schedule, from the workers' snapshots. A model used since its snapshot was taken may go
+        early (it reloads on its next request); a busy one is refused by its worker."""
+        expired = sorted({
+            row["name"]
+            for snap in self.snapshots()
+            for row in snap.get("loaded") or []
+            if row.get("expires_in") is not None and row["expires_in"] <= 0
+            and not row.get("busy")
+        })  # fmt: skip
+        unloaded = []
+        for name in expired:
+            try:
+                if self._unload(name):
+                    unloaded.append(name)
+            except Exception as exc:  # noqa: BLE001 - busy again, or a worker gone: next time
+                log.info("idle unload of %s skipped: %s", name, exc)
         return unloaded
 
     def snapshots(self) -> list[dict]:

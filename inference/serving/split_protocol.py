@@ -49,7 +49,6 @@ def worker_from_key(key: str) -> str:
 
 
 ALIVE_PATTERN = f"{PREFIX}:worker:*:alive"
-SNAPSHOT_PATTERN = f"{PREFIX}:worker:*:snapshot"
 
 
 def started_key(request_id: str) -> str:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from inference.engine.host import ModelSpec
+from inference.engine.refusals import RefusalKind, Refused
 from inference.serving.cpu_check import CpuCheck
 from inference.serving.runner_process import (
     DEFAULT_RUNNER_FACTORY,
@@ -42,8 +43,10 @@ MAX_BACKOFF_S = 60.0
 RunnerStateName = Literal["starting", "running", "stopped", "crashed", "backing off", "failed"]
 
 
-class RunnerBackoff(RuntimeError):
+class RunnerBackoff(Refused, RuntimeError):
     """The model's runner crashed repeatedly; it is not restarted until the wait is over."""
+
+    kind = RefusalKind.UNAVAILABLE
 
 
 class RunnerState(TypedDict):

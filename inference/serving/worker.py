@@ -34,11 +34,12 @@ from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from inference.serving.core import error_event
+from inference.engine import GenerationRequest
+from inference.engine.host import ModelSpec
+from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving.core import serve as serve_generation
 from inference.serving.embeds import EmbedError, EmbedJob
 from inference.serving.embeds import embed as serve_embed
-from inference.serving.generation import Generation, spec_from_dict
 from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event
 from inference.serving.worker_state import WorkerRuntime
 
@@ -103,8 +104,8 @@ def _stop_inference_worker(**kwargs) -> None:
     time_limit=GENERATE_TIME_LIMIT_S + 60,
 )
 def generate(payload: dict) -> None:
-    """Answer one request: payload = {"generation": Generation.to_dict(), "spec":
-    spec_to_dict(spec), "reply": channel name}."""
+    """Answer one request: payload = {"request": GenerationRequest.to_wire(), "spec":
+    ModelSpec.to_wire(), "reply": channel name}."""
     serve(runtime(), payload)
 
 
@@ -117,7 +118,7 @@ def generate(payload: dict) -> None:
 )
 def embed(payload: dict) -> None:
     """Embed one request's inputs: payload = {"job": EmbedJob.to_dict(), "spec":
-    spec_to_dict(spec), "reply": channel name}. Claimed like a generation, then one "done"
+    ModelSpec.to_wire(), "reply": channel name}. Claimed like a generation, then one "done"
     message with the vectors (EmbedResult.to_dict()) or an error event. Computing them twice
     after a redelivery is harmless, so no marks are kept."""
     reply = _reply_channel(payload, "embed")
@@ -132,9 +133,9 @@ async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
     rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
     try:
         job = EmbedJob(**raw)
-        spec = spec_from_dict(payload["spec"])
+        spec = ModelSpec.from_wire(payload["spec"])
     except (KeyError, TypeError, ValueError) as exc:
-        await layer.send(reply, error_event(rid, "invalid", f"malformed request: {exc}"))
+        await layer.send(reply, error_event(rid, RefusalKind.INVALID, f"malformed request: {exc}"))
         return
     await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
     try:
@@ -144,7 +145,7 @@ async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
         answer = exc.event
     except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
         log.exception("%s failed", rid)
-        answer = error_event(rid, "unavailable", f"the worker failed: {exc}")
+        answer = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
     await layer.send(reply, answer)
 
 
@@ -168,15 +169,18 @@ def serve(rt: WorkerRuntime, payload: dict) -> None:
 
 async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
     layer = get_channel_layer()
-    raw = payload.get("generation")
+    raw = payload.get("request")
     rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
     try:
-        generation = Generation(**raw)
-        spec = spec_from_dict(payload["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        await layer.send(reply, error_event(rid, "invalid", f"malformed request: {exc}"))
+        request = GenerationRequest.from_wire(raw)
+        spec = ModelSpec.from_wire(payload["spec"])
+    except Refused as exc:
+        await layer.send(reply, exc.refusal.event(rid))
         return
-    rid = generation.request_id
+    except (KeyError, TypeError, ValueError) as exc:
+        await layer.send(reply, error_event(rid, RefusalKind.INVALID, f"malformed request: {exc}"))
+        return
+    rid = request.request_id
     with rt.track(rid) as running:
         # 1. Checked after tracking starts, so a cancel racing this check is not lost.
         started, closed = rt.marks(rid)
@@ -187,7 +191,7 @@ async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
         if started:
             log.warning("%s: redelivered after it had started; not running it twice", rid)
             await layer.send(reply, error_event(
-                rid, "unavailable",
+                rid, RefusalKind.UNAVAILABLE,
                 "the inference worker stopped while answering; the request is not run twice",
             ))  # fmt: skip
             rt.mark_closed(rid)
@@ -195,11 +199,11 @@ async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
         # 2.
         await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
         try:
-            await _answer(rt, running, generation, spec, layer, reply)
+            await _answer(rt, running, request, spec, layer, reply)
         except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
             log.exception("%s failed", rid)
             try:
-                failure = error_event(rid, "unavailable", f"the worker failed: {exc}")
+                failure = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
                 await layer.send(reply, failure)
             except Exception:  # noqa: BLE001 - Redis itself is gone: nobody can be told
                 log.warning("%s: could not report the failure", rid)
@@ -210,8 +214,10 @@ async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
                 log.warning("%s: could not mark it closed", rid)
 
 
-async def _answer(rt: WorkerRuntime, running, generation: Generation, spec, layer, reply) -> None:
-    rid = generation.request_id
+async def _answer(
+    rt: WorkerRuntime, running, request: GenerationRequest, spec: ModelSpec, layer, reply
+) -> None:
+    rid = request.request_id
     if running.cancelled:  # cancelled while it waited in the queue
         await layer.send(reply, cancelled_event(rid))
         return
@@ -225,7 +231,7 @@ async def _answer(rt: WorkerRuntime, running, generation: Generation, spec, laye
     # 3. Serving may load the model (seconds to minutes); this loop serves only this task.
     started = False
     try:
-        async for event in serve_generation(rt.host, generation, spec, on_handle=attach):
+        async for event in serve_generation(rt.host, request, spec, on_handle=attach):
             if event["type"] == "token" and not started:
                 started = True
                 rt.mark_started(rid)

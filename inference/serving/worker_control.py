@@ -1,11 +1,11 @@
 """Load and unload commands that reach every inference worker over Redis pub/sub.
 
 Command (JSON on appliance:control):
-    {"op": "load", "spec": spec_to_dict(spec), "reply": "appliance:control:reply:<hex>"}
+    {"op": "load", "spec": ModelSpec.to_wire(), "reply": "appliance:control:reply:<hex>"}
     {"op": "unload", "name": "<model>", "reply": ...}
 Each worker RPUSHes one answer onto the reply list:
     {"worker": name, "ok": true, "result": <bool for unload, true for load>}
-    {"worker": name, "ok": false, "error": "busy" | "failed", "message": str}
+    {"worker": name, "ok": false, "error": <a RefusalKind>, "message": str}
 """
 
 import json
@@ -13,9 +13,9 @@ import logging
 
 import redis
 
-from inference.engine.host import EngineHost, ModelBusy
+from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.refusals import RefusalKind, Refused
 from inference.serving import split_protocol as keys
-from inference.serving.generation import spec_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def run_command(host: EngineHost, worker: str, command: dict) -> dict:
     op = command.get("op")
     try:
         if op == "load":
-            host.load(spec_from_dict(command["spec"]))
+            host.load(ModelSpec.from_wire(command["spec"]))
             result = True
         elif op == "unload":
             name = command.get("name")
@@ -37,11 +37,12 @@ def run_command(host: EngineHost, worker: str, command: dict) -> dict:
             result = host.unload(name)
         else:
             raise ValueError(f"unknown control operation {op!r}")
-    except ModelBusy as exc:
-        return {"worker": worker, "ok": False, "error": "busy", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 - a failed load is an answer for the dashboard
-        log.warning("control %s failed on %s: %s", op, worker, exc)
-        return {"worker": worker, "ok": False, "error": "failed", "message": str(exc)}
+        refused = Refused.of(exc, RefusalKind.LOAD_FAILED if op == "load" else RefusalKind.FAILED)
+        if refused.kind != RefusalKind.BUSY:
+            log.warning("control %s failed on %s: %s", op, worker, exc)
+        return {"worker": worker, "ok": False, "error": str(refused.kind),
+                "message": refused.message}  # fmt: skip
     return {"worker": worker, "ok": True, "result": result}
 
 

@@ -5,8 +5,7 @@ it is answering, and the threads that make it visible and reachable from the web
   a client knows within seconds that the worker answering it died (a restarted worker with the
   same name has a new instance id, so it does not vouch for its predecessor's requests).
 - telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.serving.feed) into a
-  Redis key that SplitClient.snapshots() reads, and onto the Channels group "telemetry"
-  for dashboards.
+  Redis key that SplitClient.snapshots() reads, and to the dashboards (feed.publish).
 - listener: pub/sub "appliance:cancel" (a request id) and "appliance:control" (load/unload).
 
 No database here: a worker on another box only has Redis and the model files.
@@ -27,14 +26,12 @@ from django.conf import settings
 
 from inference.engine.events import RequestHandle
 from inference.serving import split_protocol as keys
-from inference.serving.client import make_host, make_supervisor
-from inference.serving.feed import worker_snapshot
+from inference.serving.feed import publish, worker_snapshot
+from inference.serving.hosting import make_host, make_supervisor
 from inference.serving.worker_control import execute_control
 
 log = logging.getLogger(__name__)
 
-TELEMETRY_GROUP = "telemetry"  # dashboard.web.telemetry.GROUP; the worker does not import the web
-TELEMETRY_MESSAGE = "telemetry.snapshot"
 RETRY_AFTER_REDIS_ERROR_S = 1.0
 
 
@@ -176,9 +173,7 @@ class WorkerRuntime:
                     px=int(keys.SNAPSHOT_TTL_S * 1000),
                 )  # fmt: skip
                 if layer is not None:
-                    await layer.group_send(
-                        TELEMETRY_GROUP, {"type": TELEMETRY_MESSAGE, "snapshot": snapshot}
-                    )
+                    await publish(layer, snapshot)
             except Exception as exc:  # noqa: BLE001 - a failed reading must not stop the feed
                 log.warning("publishing telemetry failed: %s", exc)
             await asyncio.sleep(settings.TELEMETRY_INTERVAL_S)

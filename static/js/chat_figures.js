@@ -1,6 +1,6 @@
 /* The chat's words for numbers: an answer's figures as chips that explain themselves when
    tapped (no hover-only tooltips: a phone cannot hover), and the status line's text for the
-   engine's phase and progress frames. Figures are defined in ../shared DESIGN.md's table. */
+   engine's phase and progress frames. Figures are defined in the README's "The figures" table. */
 (function () {
   "use strict";
 

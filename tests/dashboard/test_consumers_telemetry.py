@@ -6,6 +6,7 @@ import pytest
 from channels.layers import get_channel_layer
 
 from dashboard.web import telemetry
+from inference.serving.feed import publish
 from tests.dashboard.web.sockets import open_socket, until_final
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -97,10 +98,20 @@ async def test_the_throughput_panels_show_a_chat_that_just_ran(
     assert panels["streams"] == []  # it has ended: nothing is listed as running
 
 
+class WorkersPublish:
+    """A client whose engines live in other processes (split mode): they publish, not this one."""
+
+    mode = "split"
+    publishes_telemetry = False
+
+    def snapshots(self) -> list[dict]:
+        return []
+
+
 async def test_it_relays_what_a_split_mode_worker_publishes_and_starts_no_publisher(
-    admin_user, settings
+    admin_user, monkeypatch
 ):
-    settings.SPLIT_MODE = True  # the workers publish; this process must not
+    monkeypatch.setattr(telemetry, "get_client", WorkersPublish)
     ws, _, _ = await open_socket("/ws/telemetry/", admin_user)
     snapshot = {
         "worker": "gpu-box", "mode": "split", "time": 1.0, "loading": None,
@@ -115,9 +126,7 @@ async def test_it_relays_what_a_split_mode_worker_publishes_and_starts_no_publis
                              "process_bytes": 7, "utilization": 50}],
                    "rss_bytes": 3, "model_bytes": 5, "cpu_percent": 12.5, "cpu_count": 16},
     }  # fmt: skip
-    await get_channel_layer().group_send(
-        telemetry.GROUP, {"type": telemetry.MESSAGE_TYPE, "snapshot": snapshot}
-    )
+    await publish(get_channel_layer(), snapshot)
     panels = await next_snapshot(ws, timeout=5)
     assert await ws.receive_nothing(timeout=0.3)  # nothing of its own
     await ws.disconnect()

@@ -22,6 +22,7 @@ from dashboard.api.structured import (
 from dashboard.api.tools import CLOSE, OPEN, ToolCallParser
 from inference.engine import Engine, SamplingParams
 from inference.starter import starter_model_path
+from tests.inference.engine.fakes import ask
 
 # (the schema, what the refusal must name)
 UNSUPPORTED = [
@@ -134,7 +135,7 @@ def engine(extra_bufts):
 
 
 def generate(engine, question: str, params: SamplingParams):
-    events = list(engine.submit(CHAT.format(question=question), params).events(timeout=120))
+    events = list(engine.submit(ask(CHAT.format(question=question), params)).events(timeout=120))
     assert events[-1].type == "done", events[-1]
     return events[-1]
 

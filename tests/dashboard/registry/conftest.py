@@ -11,7 +11,7 @@ from inference.importing import register_file
 from inference.preflight import fit
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
-from tests.inference.engine.fakes import FakeRunner
+from tests.inference.engine.fakes import FakeRunner, engines_on
 from tests.inference.registry import conftest as shared
 
 # The models directory, tiny GGUF files and the LAN server of the inference registry's tests.
@@ -49,7 +49,7 @@ def fake_engine():
         runners.append(runner)
         return runner
 
-    host = EngineHost(factory, max_loaded=2, itl_target=0.05, preflight=fit)
+    host = EngineHost(engines_on(factory, itl_target=0.05), max_loaded=2, preflight=fit)
     previous = client_module._client
     set_client(EmbeddedClient(host))
     yield SimpleNamespace(host=host, runners=runners)

@@ -13,7 +13,7 @@ from inference.memory import AvailableMemory
 from inference.models import LLMModel
 from inference.registry import spec_for
 from tests.dashboard.registry.conftest import flashes
-from tests.inference.engine.fakes import wait_until
+from tests.inference.engine.fakes import ask, wait_until
 from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
@@ -88,7 +88,7 @@ def test_delete_is_refused_while_the_model_answers(staff, tiny_model, fake_engin
     load(staff, tiny_model)
     (runner,) = fake_engine.runners
     runner.gate = threading.Event()
-    handle = fake_engine.host.submit(spec_for(tiny_model), "hi", SamplingParams(max_tokens=2))
+    handle = fake_engine.host.submit(spec_for(tiny_model), ask("hi", SamplingParams(max_tokens=2)))
     assert wait_until(runner.executing.is_set)
 
     response = staff.post(reverse("model-delete", args=[tiny_model.name]))

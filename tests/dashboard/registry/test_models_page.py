@@ -16,7 +16,7 @@ from inference.registry import spec_for
 from tests.dashboard.registry.conftest import flashes
 from tests.dashboard.registry.test_settings_form import VALID
 from tests.dashboard.registry.test_upload import upload
-from tests.inference.engine.fakes import wait_until
+from tests.inference.engine.fakes import ask, wait_until
 from tests.inference.registry.ggufs import tiny_gguf
 
 pytestmark = pytest.mark.django_db
@@ -38,7 +38,7 @@ def busy(fake_engine, model):
     """An answer that runs until the returned gate is set."""
     (runner,) = fake_engine.runners[-1:]
     runner.gate = threading.Event()
-    handle = fake_engine.host.submit(spec_for(model), "hi", SamplingParams(max_tokens=2))
+    handle = fake_engine.host.submit(spec_for(model), ask("hi", SamplingParams(max_tokens=2)))
     assert wait_until(runner.executing.is_set)
     return runner.gate, handle
 

@@ -30,9 +30,12 @@ def test_it_lists_the_loaded_models(client, starter_model):
     assert starter_model.name in client.get("/healthz").json()["models"]
 
 
-def test_it_answers_503_when_the_broker_is_down(client, settings):
+def test_it_answers_503_when_the_broker_is_down(client, settings, swap_client):
+    from inference.serving.split_client import SplitClient
+
     settings.SPLIT_MODE = True
     settings.REDIS_URL = "redis://127.0.0.1:1/15"  # nothing listens on port 1
+    swap_client(SplitClient(settings.REDIS_URL))
     response = client.get("/healthz")
     assert response.status_code == 503
     body = response.json()
@@ -74,6 +77,8 @@ def test_a_worker_whose_last_snapshot_is_stale_counts_as_down(client, swap_clien
     class Silent:
         """A worker that reported once, long ago."""
 
+        mode = "embedded"
+
         def snapshots(self):
             return [{"worker": "w", "time": time.time() - 3600, "loaded": [{"name": "m"}]}]
 
@@ -93,6 +98,8 @@ def runner(model, state, **fields):
 
 class Reporting:
     """Workers that reported just now, with these runners each."""
+
+    mode = "embedded"
 
     def __init__(self, **runners_per_worker):
         self.runners_per_worker = runners_per_worker

@@ -16,6 +16,8 @@ import threading
 import time
 from collections import defaultdict
 
+from inference.engine.engine import Engine
+from inference.engine.generation import GenerationRequest
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.request import Request
@@ -215,3 +217,24 @@ def wait_until(condition, timeout: float = 5.0, interval: float = 0.005) -> bool
             return True
         time.sleep(interval)
     return condition()
+
+
+def ask(prompt, params: SamplingParams | None = None, **fields) -> GenerationRequest:
+    """A request as the web side would build it: `prompt` text or token ids."""
+    return GenerationRequest(prompt, params or SamplingParams(), **fields)
+
+
+def wall_of(perf: float) -> float:
+    """A time.perf_counter() reading as the wall clock a request carries (arrived_wall)."""
+    return time.time() - (time.perf_counter() - perf)
+
+
+def engines_on(runner_factory, **engine_kwargs):
+    """An EngineHost's engine factory for tests: an Engine in this process on the runner that
+    `runner_factory(config)` makes (a FakeRunner). The appliance itself runs every model in a
+    runner process (inference.serving.supervisor)."""
+
+    def start(spec) -> Engine:
+        return Engine(runner_factory(spec.config), name=spec.name, **engine_kwargs).start()
+
+    return start

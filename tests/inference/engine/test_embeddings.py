@@ -9,6 +9,7 @@ import pytest
 from inference.engine import Engine, InvalidParams, PromptTooLong, SamplingParams
 from inference.engine.embedding import MAX_INPUTS
 from inference.gguf.reader import read_gguf
+from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model
 
@@ -149,7 +150,7 @@ def test_embedding_beside_a_generation_leaves_the_generation_unchanged(engine):
     params = SamplingParams(temperature=0.0, max_tokens=24)
 
     def answer() -> str:
-        final = list(engine.submit(prompt, params).events(timeout=120))[-1]
+        final = list(engine.submit(ask(prompt, params)).events(timeout=120))[-1]
         assert final.type == "done"
         return final.text
 

@@ -1,5 +1,6 @@
 """The engine loop on a real thread, with the fake runner in place of llama.cpp."""
 
+
 import asyncio
 import threading
 import time
@@ -12,7 +13,16 @@ from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.scheduler import QueueFull
 
-from .fakes import EOG, FakeRunner, alone_output, byte_tokens, char_tokens, wait_until
+from .fakes import (
+    EOG,
+    FakeRunner,
+    alone_output,
+    ask,
+    byte_tokens,
+    char_tokens,
+    wait_until,
+    wall_of,
+)
 
 TIMEOUT = 10.0
 
@@ -42,7 +52,7 @@ def assert_all_freed(engine, fake: FakeRunner) -> None:
 
 def test_a_request_streams_its_phases_then_its_tokens_then_done(make_engine):
     engine, fake = make_engine(FakeRunner(overhead=0.001))
-    events = collect(engine.submit("Hello there", greedy(5)))
+    events = collect(engine.submit(ask("Hello there", greedy(5))))
     kinds = [(e.type, getattr(e, "phase", None)) for e in events]
     assert kinds == [
         ("phase", "waiting"), ("phase", "prefilling"),
@@ -60,7 +70,7 @@ def test_a_request_streams_its_phases_then_its_tokens_then_done(make_engine):
 
 def test_the_figures_are_consistent(make_engine):
     engine, fake = make_engine(FakeRunner(overhead=0.002))
-    done = engine.submit("Hello there", greedy(6)).result(timeout=TIMEOUT)
+    done = engine.submit(ask("Hello there", greedy(6))).result(timeout=TIMEOUT)
     f = done.figures
     assert f["finish_reason"] == "length"
     assert f["prompt_tokens"] == 11
@@ -80,7 +90,8 @@ def test_the_figures_are_consistent(make_engine):
 def test_the_figures_charge_the_load_time_given_at_submit(make_engine):
     engine, _ = make_engine()
     accepted = time.perf_counter() - 0.5  # accepted before a half-second load
-    done = engine.submit("hi", greedy(2), accepted_at=accepted, load_time=0.5).result(TIMEOUT)
+    asked = ask("hi", greedy(2), arrived_wall=wall_of(accepted))
+    done = engine.submit(asked, load_time=0.5).result(TIMEOUT)
     f = done.figures
     assert f["load_time"] == 0.5
     assert 0 <= f["queue_time"] < 0.5
@@ -91,7 +102,7 @@ def test_the_figures_charge_the_load_time_given_at_submit(make_engine):
 def test_an_end_of_generation_token_finishes_with_stop(make_engine):
     engine, fake = make_engine()
     fake.scripts["r"] = char_tokens("ok") + [EOG]
-    done = engine.submit("hi", greedy(50), request_id="r").result(timeout=TIMEOUT)
+    done = engine.submit(ask("hi", greedy(50), request_id="r")).result(timeout=TIMEOUT)
     assert (done.finish_reason, done.text) == ("stop", "ok")
     assert done.figures["output_tokens"] == 2
 
@@ -99,7 +110,7 @@ def test_an_end_of_generation_token_finishes_with_stop(make_engine):
 def test_a_stop_string_ends_the_answer_and_is_never_streamed(make_engine):
     engine, fake = make_engine()
     fake.scripts["r"] = char_tokens("Yes.\nUser: more")
-    events = collect(engine.submit("hi", greedy(50, stop=["\nUser:"]), request_id="r"))
+    events = collect(engine.submit(ask("hi", greedy(50, stop=["\nUser:"]), request_id="r")))
     streamed = "".join(e.text for e in tokens_of(events))
     assert streamed == "Yes."
     assert events[-1].finish_reason == "stop"
@@ -109,7 +120,7 @@ def test_a_stop_string_ends_the_answer_and_is_never_streamed(make_engine):
 def test_held_back_text_is_sent_when_the_answer_ends_without_a_stop(make_engine):
     engine, fake = make_engine()
     fake.scripts["r"] = char_tokens("ab\nUs")
-    events = collect(engine.submit("hi", greedy(5, stop=["\nUser:"]), request_id="r"))
+    events = collect(engine.submit(ask("hi", greedy(5, stop=["\nUser:"]), request_id="r")))
     assert "".join(e.text for e in tokens_of(events)) == "ab\nUs"
     assert events[-1].finish_reason == "length"
     assert events[-1].text == "ab\nUs"
@@ -118,7 +129,7 @@ def test_held_back_text_is_sent_when_the_answer_ends_without_a_stop(make_engine)
 def test_a_character_split_over_two_tokens_is_streamed_whole(make_engine):
     engine, fake = make_engine()
     fake.scripts["r"] = byte_tokens("café")
-    events = collect(engine.submit("hi", greedy(5), request_id="r"))
+    events = collect(engine.submit(ask("hi", greedy(5), request_id="r")))
     assert [e.text for e in tokens_of(events)] == ["c", "a", "f", "", "é"]
     assert events[-1].text == "café"
 
@@ -129,16 +140,16 @@ def test_a_character_split_over_two_tokens_is_streamed_whole(make_engine):
 def test_a_prompt_that_fills_the_sequence_is_refused_at_submit(make_engine):
     engine, _ = make_engine(FakeRunner(ctx_per_seq=32))
     with pytest.raises(PromptTooLong):
-        engine.submit("x" * 32)
+        engine.submit(ask("x" * 32))
     with pytest.raises(PromptTooLong):
-        engine.submit("")
-    done = engine.submit("x" * 31, greedy(10)).result(timeout=TIMEOUT)
+        engine.submit(ask(""))
+    done = engine.submit(ask("x" * 31, greedy(10))).result(timeout=TIMEOUT)
     assert (done.finish_reason, done.figures["output_tokens"]) == ("length", 1)
 
 
 def test_generation_that_reaches_the_sequence_length_ends_with_length(make_engine):
     engine, fake = make_engine(FakeRunner(ctx_per_seq=32))
-    done = engine.submit("y" * 28, greedy(100), request_id="r").result(timeout=TIMEOUT)
+    done = engine.submit(ask("y" * 28, greedy(100), request_id="r")).result(timeout=TIMEOUT)
     assert done.finish_reason == "length"
     assert done.figures["output_tokens"] == 4
     assert max(c[2] + c[3] for c in fake.chunks_of("r")) <= 32
@@ -146,12 +157,12 @@ def test_generation_that_reaches_the_sequence_length_ends_with_length(make_engin
 
 def test_the_queue_is_bounded(make_engine):
     engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.005), max_queue=2)
-    first = engine.submit("running", greedy(200))
+    first = engine.submit(ask("running", greedy(200)))
     events = first.events(timeout=TIMEOUT)
     assert [next(events).phase, next(events).phase] == ["waiting", "prefilling"]
-    waiting = [engine.submit("one", greedy(1)), engine.submit("two", greedy(1))]
+    waiting = [engine.submit(ask("one", greedy(1))), engine.submit(ask("two", greedy(1)))]
     with pytest.raises(QueueFull):
-        engine.submit("three", greedy(1))
+        engine.submit(ask("three", greedy(1)))
     assert engine.snapshot()["outcomes"]["rejected"] == 1
     first.cancel()
     for handle in waiting:
@@ -162,7 +173,7 @@ def test_a_submit_before_start_or_after_shutdown_is_refused(make_engine):
     engine, _ = make_engine()
     engine.shutdown()
     with pytest.raises(EngineStopped):
-        engine.submit("hi")
+        engine.submit(ask("hi"))
 
 
 # --- concurrency -----------------------------------------------------------------------------
@@ -171,7 +182,7 @@ def test_a_submit_before_start_or_after_shutdown_is_refused(make_engine):
 def test_four_concurrent_requests_all_complete_each_with_its_answer_alone(make_engine):
     engine, fake = make_engine(FakeRunner(n_slots=4, n_batch=32, overhead=0.001))
     prompts = ["short", "a somewhat longer prompt than that", "x" * 70, "the fourth one"]
-    handles = [engine.submit(p, greedy(12 + i)) for i, p in enumerate(prompts)]
+    handles = [engine.submit(ask(p, greedy(12 + i))) for i, p in enumerate(prompts)]
     for i, (prompt, handle) in enumerate(zip(prompts, handles, strict=True)):
         done = handle.result(timeout=TIMEOUT)
         assert done.text == alone_output(prompt, 12 + i)
@@ -181,7 +192,7 @@ def test_four_concurrent_requests_all_complete_each_with_its_answer_alone(make_e
 
 def test_more_requests_than_slots_all_complete_in_turn(make_engine):
     engine, fake = make_engine(FakeRunner(n_slots=2))
-    handles = [engine.submit(f"prompt {i}", greedy(5)) for i in range(7)]
+    handles = [engine.submit(ask(f"prompt {i}", greedy(5))) for i in range(7)]
     for i, handle in enumerate(handles):
         assert handle.result(timeout=TIMEOUT).text == alone_output(f"prompt {i}", 5)
     assert_all_freed(engine, fake)
@@ -189,9 +200,9 @@ def test_more_requests_than_slots_all_complete_in_turn(make_engine):
 
 def test_the_next_turn_of_a_conversation_only_prefills_what_is_new(make_engine):
     engine, fake = make_engine()
-    first = engine.submit("Q1?", greedy(6), cache_key="conv", request_id="t1").result(TIMEOUT)
+    first = engine.submit(ask("Q1?", greedy(6), cache_key="conv", request_id="t1")).result(TIMEOUT)
     second_prompt = "Q1?" + first.text + " Q2?"
-    second = engine.submit(second_prompt, greedy(3), cache_key="conv", request_id="t2")
+    second = engine.submit(ask(second_prompt, greedy(3), cache_key="conv", request_id="t2"))
     done = second.result(timeout=TIMEOUT)
     assert done.figures["cached_tokens"] == 3 + 6 - 1
     assert fake.chunks_of("t2")[0][2] == 8  # the prefill started after the cached prefix
@@ -204,9 +215,9 @@ def test_the_next_turn_of_a_conversation_only_prefills_what_is_new(make_engine):
 
 def test_cancelling_a_waiting_request_ends_it_and_frees_its_sampler(make_engine):
     engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.003))
-    running = engine.submit("first", greedy(30))
+    running = engine.submit(ask("first", greedy(30)))
     assert wait_until(lambda: fake.chunks_of(running.id))
-    waiting = engine.submit("second", greedy(30))
+    waiting = engine.submit(ask("second", greedy(30)))
     assert wait_until(lambda: engine.snapshot()["queue_depth"] == 1)
     waiting.cancel()
     events = collect(waiting)
@@ -225,7 +236,7 @@ def test_cancelling_a_waiting_request_ends_it_and_frees_its_sampler(make_engine)
 def test_cancelling_a_prefilling_request_frees_its_slot_sampler_and_kv(make_engine):
     fake = FakeRunner(n_batch=16, ctx_per_seq=512, per_token=0.003)
     engine, fake = make_engine(fake)
-    handle = engine.submit("p" * 400, greedy(5))  # 25 prefill steps of 16 tokens
+    handle = engine.submit(ask("p" * 400, greedy(5)))  # 25 prefill steps of 16 tokens
     assert wait_until(lambda: len(fake.chunks_of(handle.id)) >= 2)
     handle.cancel()
     events = collect(handle)
@@ -242,7 +253,7 @@ def test_cancelling_a_prefilling_request_frees_its_slot_sampler_and_kv(make_engi
 
 def test_cancelling_a_decoding_request_frees_its_slot_sampler_and_kv(make_engine):
     engine, fake = make_engine(FakeRunner(overhead=0.002))
-    handle = engine.submit("decode me", greedy(1000))
+    handle = engine.submit(ask("decode me", greedy(1000)))
     events = handle.events(timeout=TIMEOUT)
     seen = [next(events) for _ in range(3 + 2 + 3)]  # three phases, two progress, three tokens
     assert [e.type for e in seen[5:]] == ["token"] * 3
@@ -258,11 +269,11 @@ def test_cancelling_a_decoding_request_frees_its_slot_sampler_and_kv(make_engine
 
 def test_cancelling_a_finished_or_unknown_request_does_nothing(make_engine):
     engine, fake = make_engine()
-    handle = engine.submit("hi", greedy(2))
+    handle = engine.submit(ask("hi", greedy(2)))
     handle.result(timeout=TIMEOUT)
     handle.cancel()
     engine.cancel("nobody")
-    assert engine.submit("again", greedy(2)).result(timeout=TIMEOUT).finish_reason == "length"
+    assert engine.submit(ask("again", greedy(2))).result(timeout=TIMEOUT).finish_reason == "length"
 
 
 # --- failures --------------------------------------------------------------------------------
@@ -271,13 +282,13 @@ def test_cancelling_a_finished_or_unknown_request_does_nothing(make_engine):
 def test_a_decode_error_fails_that_request_and_the_next_one_still_works(make_engine):
     engine, fake = make_engine()
     fake.fail_for.add("bad")
-    bad = collect(engine.submit("boom", greedy(5), request_id="bad"))
+    bad = collect(engine.submit(ask("boom", greedy(5), request_id="bad")))
     error = bad[-1]
     assert isinstance(error, ErrorEvent)
     assert "failed to run" in error.message and "fake decode error in bad" in error.message
     assert error.figures["finish_reason"] == "error"
     assert "bad" in fake.released
-    good = engine.submit("fine", greedy(4)).result(timeout=TIMEOUT)
+    good = engine.submit(ask("fine", greedy(4))).result(timeout=TIMEOUT)
     assert good.finish_reason == "length" and good.text == alone_output("fine", 4)
     assert wait_until(lambda: fake.kv_used() == len("fine") + 3)  # only the cached good turn
     assert engine.snapshot()["outcomes"]["failed"] == 1
@@ -287,13 +298,13 @@ def test_a_decode_error_fails_that_request_and_the_next_one_still_works(make_eng
 def test_a_crash_of_the_engine_loop_fails_running_requests_and_refuses_new_ones(make_engine):
     engine, fake = make_engine(FakeRunner(overhead=0.002), prefix_cache=False)
     fake.fail_trim = True  # the first KV trim (a request ending) breaks the loop itself
-    short = engine.submit("short", greedy(2))
-    long = engine.submit("long", greedy(1000))
+    short = engine.submit(ask("short", greedy(2)))
+    long = engine.submit(ask("long", greedy(1000)))
     assert short.result(timeout=TIMEOUT).finish_reason == "length"
     final = long.result(timeout=TIMEOUT)
     assert isinstance(final, ErrorEvent) and "stopped" in final.message
     with pytest.raises(EngineStopped):
-        engine.submit("after the crash")
+        engine.submit(ask("after the crash"))
     assert wait_until(lambda: not engine.busy)  # a dead engine must not read as answering
     assert fake.samplers == set()
 
@@ -303,9 +314,9 @@ def test_a_crash_of_the_engine_loop_fails_running_requests_and_refuses_new_ones(
 
 def test_shutdown_ends_running_and_waiting_requests_with_an_error(make_engine):
     engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.003))
-    running = engine.submit("running", greedy(1000))
+    running = engine.submit(ask("running", greedy(1000)))
     assert wait_until(lambda: fake.chunks_of(running.id))
-    waiting = engine.submit("waiting", greedy(10))
+    waiting = engine.submit(ask("waiting", greedy(10)))
     engine.shutdown()
     for handle in (running, waiting):
         final = handle.result(timeout=TIMEOUT)
@@ -314,15 +325,15 @@ def test_shutdown_ends_running_and_waiting_requests_with_an_error(make_engine):
     assert fake.closed
     assert fake.samplers == set()
     with pytest.raises(EngineStopped):
-        engine.submit("late")
+        engine.submit(ask("late"))
 
 
 def test_shutdown_ends_requests_still_in_the_inbox_with_an_error(make_engine):
     engine, fake = make_engine()
     fake.gate = threading.Event()  # the next step blocks until the gate opens
-    running = engine.submit("running", greedy(1000))
+    running = engine.submit(ask("running", greedy(1000)))
     assert fake.executing.wait(TIMEOUT)
-    queued = engine.submit("queued", greedy(5))  # sits in the inbox: the loop is mid-step
+    queued = engine.submit(ask("queued", greedy(5)))  # sits in the inbox: the loop is mid-step
     stopper = threading.Thread(target=engine.shutdown)
     stopper.start()
     assert wait_until(engine._stopping.is_set)
@@ -337,7 +348,7 @@ def test_shutdown_ends_requests_still_in_the_inbox_with_an_error(make_engine):
 def test_a_shutdown_that_times_out_mid_step_closes_the_runner_only_after_the_step(make_engine):
     engine, fake = make_engine()
     fake.gate = threading.Event()
-    running = engine.submit("running", greedy(1000))
+    running = engine.submit(ask("running", greedy(1000)))
     assert fake.executing.wait(TIMEOUT)
     engine.shutdown(timeout=0.05)  # the step is still blocked
     assert not fake.closed
@@ -354,7 +365,7 @@ def test_events_can_be_read_from_an_asyncio_loop(make_engine):
     engine, _ = make_engine(FakeRunner(overhead=0.001))
 
     async def consume():
-        handle = engine.submit("async", greedy(4))
+        handle = engine.submit(ask("async", greedy(4)))
         return [event async for event in handle.aevents()]
 
     events = asyncio.run(asyncio.wait_for(consume(), TIMEOUT))
@@ -365,7 +376,7 @@ def test_events_can_be_read_from_an_asyncio_loop(make_engine):
 
 def test_aevents_picks_up_events_delivered_before_it_started(make_engine):
     engine, _ = make_engine()
-    handle = engine.submit("early", greedy(3))
+    handle = engine.submit(ask("early", greedy(3)))
     assert wait_until(lambda: handle.final is not None)
 
     async def consume():
@@ -388,7 +399,7 @@ def test_a_snapshot_from_another_thread_while_running_is_sane(make_engine):
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    handles = [engine.submit(f"prompt number {i} " * 3, greedy(20)) for i in range(5)]
+    handles = [engine.submit(ask(f"prompt number {i} " * 3, greedy(20))) for i in range(5)]
     for handle in handles:
         assert handle.result(timeout=TIMEOUT).type == "done"
     stop.set()

@@ -6,6 +6,7 @@ import pytest
 
 from inference.engine.host import EngineHost, ModelBusy, ModelSpec
 from inference.engine.params import SamplingParams
+from tests.inference.engine.fakes import ask, engines_on
 
 from .fakes import FakeRunner, wait_until
 
@@ -39,13 +40,14 @@ def factory():
 
 @pytest.fixture
 def host(factory):
-    host = EngineHost(factory, max_loaded=2, itl_target=0.05)
+    host = EngineHost(engines_on(factory, itl_target=0.05), max_loaded=2)
     yield host
     host.shutdown()
 
 
 def answer(host: EngineHost, model: ModelSpec, prompt: str = "hi", max_tokens: int = 3, **kw):
-    return host.submit(model, prompt, SamplingParams(max_tokens=max_tokens), **kw).result(TIMEOUT)
+    asked = ask(prompt, SamplingParams(max_tokens=max_tokens), **kw)
+    return host.submit(model, asked).result(TIMEOUT)
 
 
 def test_load_starts_an_engine_once_and_reuses_it(host, factory):
@@ -69,7 +71,7 @@ def test_unload_stops_the_engine_and_closes_the_runner(host, factory):
 
 def test_unloading_a_busy_model_needs_force(host, factory):
     model = spec("a", overhead=0.003)
-    handle = host.submit(model, "busy", SamplingParams(max_tokens=1000))
+    handle = host.submit(model, ask("busy", SamplingParams(max_tokens=1000)))
     with pytest.raises(ModelBusy):
         host.unload("a")
     assert host.unload("a", force=True)
@@ -87,9 +89,9 @@ def test_the_least_recently_used_model_is_evicted_at_max_loaded(host, factory):
 
 
 def test_a_model_cannot_be_evicted_while_it_is_answering(factory):
-    host = EngineHost(factory, max_loaded=1)
+    host = EngineHost(engines_on(factory), max_loaded=1)
     try:
-        busy = host.submit(spec("a", overhead=0.002), "long", SamplingParams(max_tokens=50))
+        busy = host.submit(spec("a", overhead=0.002), ask("long", SamplingParams(max_tokens=50)))
         with pytest.raises(ModelBusy):
             host.load(spec("b"))
         assert busy.result(timeout=TIMEOUT).finish_reason == "length"
@@ -112,7 +114,7 @@ def test_keep_alive_zero_unloads_right_after_the_answer(host, factory):
 
 def test_keep_alive_zero_never_unloads_a_model_while_it_is_answering(host, factory):
     model = spec("a", keep_alive=0, overhead=0.002)
-    handle = host.submit(model, "long", SamplingParams(max_tokens=40))
+    handle = host.submit(model, ask("long", SamplingParams(max_tokens=40)))
     assert wait_until(lambda: factory.built["a"][0].steps)
     assert host.unload_idle() == []
     assert handle.result(timeout=TIMEOUT).type == "done"
@@ -141,7 +143,7 @@ def test_a_keep_alive_given_with_a_request_overrides_the_models(host, factory):
 
 def test_the_load_time_is_charged_to_the_first_request_only():
     factory = Factory(load_s=0.2)
-    host = EngineHost(factory)
+    host = EngineHost(engines_on(factory))
     try:
         first = answer(host, spec("a"))
         second = answer(host, spec("a"))
@@ -159,7 +161,7 @@ def test_a_failed_preflight_loads_nothing(factory):
     def refuse(spec: ModelSpec) -> None:
         raise MemoryError(f"{spec.name} does not fit")
 
-    host = EngineHost(factory, preflight=refuse)
+    host = EngineHost(engines_on(factory), preflight=refuse)
     with pytest.raises(MemoryError):
         host.load(spec("a"))
     assert host.loaded() == [] and factory.built == {}

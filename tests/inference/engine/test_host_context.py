@@ -12,6 +12,7 @@ from inference.engine.host import FALLBACK_CTX, EngineHost, ModelBusy, ModelSpec
 from inference.engine.params import SamplingParams
 from inference.engine.runner_config import RunnerConfig
 from inference.memory import InsufficientMemory
+from tests.inference.engine.fakes import ask, engines_on
 
 from .fakes import FakeRunner, wait_until
 
@@ -66,13 +67,13 @@ def sizer():
 
 @pytest.fixture
 def host(factory, sizer):
-    host = EngineHost(factory, itl_target=0.05, preflight=sizer)
+    host = EngineHost(engines_on(factory, itl_target=0.05), preflight=sizer)
     yield host
     host.shutdown()
 
 
 def answer(host: EngineHost, model: ModelSpec, prompt: str = "hi"):
-    return host.submit(model, prompt, SamplingParams(max_tokens=3)).result(TIMEOUT)
+    return host.submit(model, ask(prompt, SamplingParams(max_tokens=3))).result(TIMEOUT)
 
 
 def test_an_automatic_context_is_sized_by_the_preflight_before_the_load(host, factory):
@@ -82,7 +83,7 @@ def test_an_automatic_context_is_sized_by_the_preflight_before_the_load(host, fa
 
 
 def test_without_a_preflight_an_automatic_context_gets_the_fallback(factory):
-    host = EngineHost(factory, itl_target=0.05)
+    host = EngineHost(engines_on(factory, itl_target=0.05))
     try:
         host.load(spec())
         host.load(spec(min_ctx=FALLBACK_CTX * 2))  # what a request asks is honoured still
@@ -131,7 +132,7 @@ def test_a_reload_waits_for_the_running_answer_to_end(host, factory):
     engine, _ = host.load(spec())
     runner = factory.built[0]
     runner.gate = threading.Event()
-    running = host.submit(spec(), "a long answer", SamplingParams(max_tokens=5))
+    running = host.submit(spec(), ask("a long answer", SamplingParams(max_tokens=5)))
     wait_until(lambda: engine.busy, TIMEOUT)
 
     loaded = []
@@ -152,7 +153,7 @@ def test_a_reload_gives_up_on_an_answer_that_does_not_end(host, factory, monkeyp
     engine, _ = host.load(spec())
     runner = factory.built[0]
     runner.gate = threading.Event()
-    running = host.submit(spec(), "a long answer", SamplingParams(max_tokens=5))
+    running = host.submit(spec(), ask("a long answer", SamplingParams(max_tokens=5)))
     wait_until(lambda: engine.busy, TIMEOUT)
 
     with pytest.raises(ModelBusy, match="holds 512 tokens per sequence"):

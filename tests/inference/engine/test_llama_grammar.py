@@ -12,6 +12,7 @@ from dashboard.api.structured import schema_grammar
 from inference.engine import Engine, SamplingParams
 from inference.engine.params import InvalidParams
 from inference.starter import starter_model_path
+from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model
 
@@ -44,7 +45,7 @@ def engine(extra_bufts):
 
 
 def answer(engine, prompt: str, params: SamplingParams):
-    events = list(engine.submit(prompt, params).events(timeout=120))
+    events = list(engine.submit(ask(prompt, params)).events(timeout=120))
     final = events[-1]
     assert final.type == "done", getattr(final, "message", final)
     return final
@@ -82,7 +83,7 @@ def test_a_constrained_and_a_free_request_run_in_the_same_decode(engine, monkeyp
     results = {}
 
     def run(name, prompt, params):
-        handle = handles[name] = engine.submit(prompt, params)
+        handle = handles[name] = engine.submit(ask(prompt, params))
         for event in handle.events(timeout=120):
             results[name] = event
 
@@ -106,11 +107,11 @@ def test_a_constrained_and_a_free_request_run_in_the_same_decode(engine, monkeyp
 
 def test_a_grammar_llama_cpp_cannot_parse_is_refused_at_submit(engine):
     with pytest.raises(InvalidParams) as refused:
-        engine.submit("hi", SamplingParams(grammar="root ::= undefined-rule"))
+        engine.submit(ask("hi", SamplingParams(grammar="root ::= undefined-rule")))
     assert refused.value.field == "grammar"
     assert "failed to parse grammar" in str(refused.value)
     with pytest.raises(InvalidParams, match="defines no root rule"):
-        engine.submit("hi", SamplingParams(grammar='answer ::= "yes"'))
+        engine.submit(ask("hi", SamplingParams(grammar='answer ::= "yes"')))
     # The engine goes on serving.
     assert answer(engine, "Hello", SamplingParams(temperature=0.0, max_tokens=4)).text
 

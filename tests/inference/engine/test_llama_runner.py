@@ -12,6 +12,7 @@ import pytest
 from inference.engine import Engine, PromptTooLong, SamplingParams
 from inference.engine.params import InvalidParams
 from inference.starter import starter_model_path
+from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model
 
@@ -48,7 +49,7 @@ def generate(engine, prompt, params=GREEDY, **kwargs):
 
 def generate_ids(engine, prompt, params=GREEDY, **kwargs):
     """The final event and the sampled token ids, as the token events carried them."""
-    handle = engine.submit(prompt, params, **kwargs)
+    handle = engine.submit(ask(prompt, params, **kwargs))
     ids = []
     final = None
     for final in handle.events(timeout=120):
@@ -147,7 +148,7 @@ def test_a_prefix_cache_hit_reports_cached_tokens_and_gives_the_same_output(engi
 
 def test_cancelling_mid_prefill_frees_the_sequence(engine):
     long_prompt = CHAT.format(question="Summarise: " + "the cat sat on the mat. " * 120)
-    handle = engine.submit(long_prompt, SamplingParams(temperature=0.0, max_tokens=8))
+    handle = engine.submit(ask(long_prompt, SamplingParams(temperature=0.0, max_tokens=8)))
     for event in handle.events(timeout=60):
         if event.type == "phase" and event.phase == "prefilling":
             handle.cancel()
@@ -159,10 +160,8 @@ def test_cancelling_mid_prefill_frees_the_sequence(engine):
 
 
 def test_cancelling_mid_decode_keeps_the_partial_text_and_frees_the_sequence(engine):
-    handle = engine.submit(
-        CHAT.format(question="Count from one to one hundred in words."),
-        SamplingParams(temperature=0.0, max_tokens=400),
-    )
+    question = CHAT.format(question="Count from one to one hundred in words.")
+    handle = engine.submit(ask(question, SamplingParams(temperature=0.0, max_tokens=400)))
     received = ""
     for event in handle.events(timeout=60):
         if event.type == "token":
@@ -179,7 +178,7 @@ def test_cancelling_mid_decode_keeps_the_partial_text_and_frees_the_sequence(eng
 
 def test_a_prompt_longer_than_the_context_is_refused_at_submit(engine):
     with pytest.raises(PromptTooLong, match="context holds 1024"):
-        engine.submit("word " * 2000, GREEDY)
+        engine.submit(ask("word " * 2000, GREEDY))
 
 
 def test_generation_that_reaches_the_context_size_ends_with_length(engine):

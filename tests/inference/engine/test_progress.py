@@ -5,6 +5,7 @@ import pytest
 
 from inference.engine.events import PhaseEvent, PrefillEvent, QueueEvent, TokenEvent, event_to_dict
 from inference.engine.params import SamplingParams
+from tests.inference.engine.fakes import ask
 
 from .fakes import FakeRunner, wait_until
 
@@ -27,9 +28,9 @@ def prompt_chunks(fake: FakeRunner, request_id: str, prompt_len: int) -> list[in
 def test_queued_requests_hear_their_place_each_time_it_changes(make_engine):
     fake = FakeRunner(n_slots=1, overhead=0.002)
     engine, fake = make_engine(fake)
-    running = engine.submit("first", greedy(15))
+    running = engine.submit(ask("first", greedy(15)))
     assert wait_until(lambda: fake.chunks_of(running.id))
-    second, third = engine.submit("second", greedy(3)), engine.submit("third", greedy(3))
+    second, third = engine.submit(ask("second", greedy(3))), engine.submit(ask("third", greedy(3)))
 
     third_events = list(third.events(timeout=TIMEOUT))
     second_events = list(second.events(timeout=TIMEOUT))
@@ -43,17 +44,17 @@ def test_queued_requests_hear_their_place_each_time_it_changes(make_engine):
 
 def test_a_request_admitted_at_once_is_not_told_a_queue_position(make_engine):
     engine, _ = make_engine()
-    events = list(engine.submit("hello", greedy(2)).events(timeout=TIMEOUT))
+    events = list(engine.submit(ask("hello", greedy(2))).events(timeout=TIMEOUT))
     assert of_type(events, QueueEvent) == []
 
 
 def test_a_long_prompt_reports_its_progress_after_every_chunk_beside_a_stream(make_engine):
     fake = FakeRunner(n_batch=16, ctx_per_seq=512, overhead=0.001)
     engine, fake = make_engine(fake)
-    stream = engine.submit("s", greedy(200))
+    stream = engine.submit(ask("s", greedy(200)))
     assert wait_until(lambda: len(fake.chunks_of(stream.id)) >= 3)  # it is decoding
     prompt = "p" * 100
-    events = list(engine.submit(prompt, greedy(2), request_id="long").events(timeout=TIMEOUT))
+    events = list(engine.submit(ask(prompt, greedy(2), request_id="long")).events(timeout=TIMEOUT))
 
     progress = of_type(events, PrefillEvent)
     chunks = prompt_chunks(fake, "long", len(prompt))
@@ -73,8 +74,8 @@ def test_a_long_prompt_reports_its_progress_after_every_chunk_beside_a_stream(ma
 def test_a_cached_prefix_counts_as_read_from_the_first_progress_event(make_engine):
     engine, _ = make_engine(FakeRunner(n_batch=16, ctx_per_seq=512))
     first = "Tell me about the sea. " * 3
-    engine.submit(first, greedy(4), cache_key="c").result(TIMEOUT)
-    done = engine.submit(first + "And rivers?", greedy(4), cache_key="c")
+    engine.submit(ask(first, greedy(4), cache_key="c")).result(TIMEOUT)
+    done = engine.submit(ask(first + "And rivers?", greedy(4), cache_key="c"))
     events = list(done.events(timeout=TIMEOUT))
     progress = of_type(events, PrefillEvent)
     cached = events[-1].figures["cached_tokens"]
@@ -96,9 +97,9 @@ def test_progress_events_have_the_shapes_the_pages_read(make_engine):
 def test_the_snapshot_shows_steps_that_carried_a_prompt_beside_a_decode(make_engine):
     fake = FakeRunner(n_batch=16, ctx_per_seq=512, overhead=0.001)
     engine, fake = make_engine(fake, itl_target=0.5)
-    stream = engine.submit("s", greedy(300))
+    stream = engine.submit(ask("s", greedy(300)))
     assert wait_until(lambda: len(fake.chunks_of(stream.id)) >= 3)
-    engine.submit("q" * 120, greedy(2)).result(TIMEOUT)
+    engine.submit(ask("q" * 120, greedy(2))).result(TIMEOUT)
     snap = engine.snapshot()
 
     steps = snap["steps"]
@@ -126,7 +127,7 @@ def test_the_snapshot_shows_steps_that_carried_a_prompt_beside_a_decode(make_eng
 def test_the_step_columns_stay_bounded(make_engine, n_steps):
     engine, _ = make_engine(FakeRunner(ctx_per_seq=1024, n_ctx=2048))
     if n_steps:
-        engine.submit("x", greedy(n_steps)).result(TIMEOUT)
+        engine.submit(ask("x", greedy(n_steps))).result(TIMEOUT)
     steps = engine.snapshot()["steps"]
     assert len(steps["ago"]) == min(n_steps, 300)
     assert engine.snapshot()["streams"] == []  # nothing runs: no stream rows

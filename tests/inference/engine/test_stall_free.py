@@ -7,6 +7,7 @@ side by side in one test and are compared with each other; the bound on the chun
 
 from inference.engine.events import TokenEvent
 from inference.engine.params import SamplingParams
+from tests.inference.engine.fakes import ask
 
 from .fakes import FakeRunner
 
@@ -23,12 +24,12 @@ def stream_with_a_long_prompt_arriving(make_engine, chunked: bool) -> tuple[dict
         per_token=PER_TOKEN,
     )  # fmt: skip
     engine, _ = make_engine(fake, itl_target=ITL_TARGET, chunked_prefill=chunked)
-    a = engine.submit("stream A, a prompt of some length", SamplingParams(max_tokens=80))
+    a = engine.submit(ask("stream A, a prompt of some length", SamplingParams(max_tokens=80)))
     events = a.events(timeout=10)
     tokens = 0
     while tokens < 5:
         tokens += isinstance(next(events), TokenEvent)
-    b = engine.submit("b" * LONG_PROMPT, SamplingParams(max_tokens=2))
+    b = engine.submit(ask("b" * LONG_PROMPT, SamplingParams(max_tokens=2)))
     *_, a_done = events
     b_done = b.result(timeout=10)
     assert a_done.type == b_done.type == "done"

@@ -21,6 +21,7 @@ from inference.preflight import (
     fit,
 )
 from inference.registry import context_asked, spec_for
+from tests.inference.engine.fakes import engines_on
 
 GiB = 1 << 30
 
@@ -129,17 +130,17 @@ async def test_a_context_that_cannot_fit_is_refused_as_a_507_with_the_numbers(
     starter_path, monkeypatch
 ):
     from dashboard.api.errors import from_event
+    from inference.engine import GenerationRequest, SamplingParams
     from inference.engine.host import EngineHost
     from inference.serving.client import EmbeddedClient
-    from inference.serving.generation import Generation
 
     def no_runner(config):
         raise AssertionError("a load that cannot fit reached llama.cpp")
 
     free(monkeypatch, needed(starter_path, 4096))
-    client = EmbeddedClient(EngineHost(no_runner, preflight=fit))
+    client = EmbeddedClient(EngineHost(engines_on(no_runner), preflight=fit))
     try:
-        request = Generation(model="m", prompt="Hi", params={"max_tokens": 1})
+        request = GenerationRequest("Hi", SamplingParams(max_tokens=1), model="m")
         events = [e async for e in client.stream(request, spec(starter_path, min_ctx=8192))]
     finally:
         client.host.shutdown()

@@ -10,7 +10,7 @@ from inference.registry import spec_for
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
 from inference.tasks import unload_idle_models
-from tests.inference.engine.fakes import FakeRunner, wait_until
+from tests.inference.engine.fakes import FakeRunner, ask, engines_on, wait_until
 
 pytestmark = pytest.mark.django_db
 TIMEOUT = 10.0
@@ -19,7 +19,7 @@ TIMEOUT = 10.0
 @pytest.fixture
 def host():
     """A real host on fake runners, sweeping idle models every 20 ms."""
-    host = EngineHost(lambda config: FakeRunner(), max_loaded=2, itl_target=0.05)
+    host = EngineHost(engines_on(lambda config: FakeRunner(), itl_target=0.05), max_loaded=2)
     host.start_sweeper(interval=0.02)
     yield host
     host.shutdown()
@@ -31,7 +31,7 @@ def model(tiny_file):
 
 
 def answer(host, spec, **kwargs):
-    handle = host.submit(spec, "hello", SamplingParams(max_tokens=3), **kwargs)
+    handle = host.submit(spec, ask("hello", SamplingParams(max_tokens=3), **kwargs))
     return handle.result(TIMEOUT)
 
 
@@ -78,7 +78,7 @@ class UnsweptHost(EngineHost):
 
 
 def test_the_beat_task_unloads_idle_models_of_the_embedded_host(model):
-    host = UnsweptHost(lambda config: FakeRunner())
+    host = UnsweptHost(engines_on(lambda config: FakeRunner()))
     previous = client_module._client
     set_client(EmbeddedClient(host))
     try:
@@ -92,33 +92,23 @@ def test_the_beat_task_unloads_idle_models_of_the_embedded_host(model):
         host.shutdown()
 
 
-class SplitLikeClient:
-    """What the beat task sees in split mode: no host, only the workers' snapshots and a
-    broadcast unload (the real SplitClient's interface)."""
+def test_in_split_mode_the_beat_task_unloads_what_the_snapshots_say_expired(monkeypatch):
+    from inference.serving.split_client import SplitClient
 
-    def __init__(self, rows):
-        self.rows = rows
-        self.unloaded: list[str] = []
-
-    def snapshots(self):
-        return [{"worker": "w1", "loaded": self.rows}]
-
-    async def unload(self, name):
-        self.unloaded.append(name)
-        return True
-
-
-def test_in_split_mode_the_beat_task_unloads_what_the_snapshots_say_expired():
     previous = client_module._client
-    split = SplitLikeClient([
+    split = SplitClient("redis://127.0.0.1:1/0")  # the workers' side is stood in for below
+    rows = [
         {"name": "expired", "expires_in": -0.5, "busy": False},
         {"name": "answering", "expires_in": 0.0, "busy": True},
         {"name": "fresh", "expires_in": 120.0, "busy": False},
         {"name": "forever", "expires_in": None, "busy": False},
-    ])  # fmt: skip
+    ]  # fmt: skip
+    unloaded: list[str] = []
+    monkeypatch.setattr(split, "snapshots", lambda: [{"worker": "w1", "loaded": rows}])
+    monkeypatch.setattr(split, "_unload", lambda name: unloaded.append(name) or True)
     set_client(split)
     try:
         assert unload_idle_models() == ["expired"]
     finally:
         set_client(previous)
-    assert split.unloaded == ["expired"]
+    assert unloaded == ["expired"]

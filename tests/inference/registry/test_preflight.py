@@ -10,6 +10,7 @@ from inference.gguf import GGUFError, read_gguf
 from inference.memory import AvailableMemory, InsufficientMemory
 from inference.preflight import fit, preflight
 from inference.serving.client import EmbeddedClient
+from tests.inference.engine.fakes import engines_on
 
 
 class RecordingFactory:
@@ -37,7 +38,7 @@ def tiny_memory(monkeypatch):
 
 def test_a_corrupt_file_is_refused_before_llama_cpp_sees_it(corrupt_file):
     factory = RecordingFactory()
-    host = EngineHost(factory, preflight=fit)
+    host = EngineHost(engines_on(factory), preflight=fit)
     expected = str(pytest.raises(GGUFError, read_gguf, corrupt_file).value)
 
     with pytest.raises(GGUFError) as refused:
@@ -56,7 +57,7 @@ def test_a_file_that_is_not_a_gguf_at_all_is_refused(tmp_path):
 
 def test_a_load_that_cannot_fit_is_refused_with_the_numbers(starter_path, tiny_memory):
     factory = RecordingFactory()
-    host = EngineHost(factory, preflight=fit)
+    host = EngineHost(engines_on(factory), preflight=fit)
 
     with pytest.raises(InsufficientMemory) as refused:
         host.load(spec(starter_path, ctx_per_seq=2048, parallel=4))

@@ -2,22 +2,24 @@
 
 import asyncio
 
+import pytest
+
+from inference.engine import GenerationRequest, InvalidParams, RefusalKind, SamplingParams
 from inference.engine.host import EngineHost
 from inference.serving.client import EmbeddedClient
-from inference.serving.generation import Generation
-from tests.inference.engine.fakes import wait_until
+from tests.inference.engine.fakes import engines_on, wait_until
 from tests.inference.engine.test_host import Factory, spec
 
 
 def make_client(load_s: float = 0.0) -> tuple[EmbeddedClient, Factory]:
     factory = Factory(load_s=load_s)
-    return EmbeddedClient(EngineHost(factory, max_loaded=1)), factory
+    return EmbeddedClient(EngineHost(engines_on(factory), max_loaded=1)), factory
 
 
 async def test_a_stream_yields_event_dicts_ending_with_done():
     client, _ = make_client()
     try:
-        generation = Generation(model="m", prompt="hello", params={"max_tokens": 4})
+        generation = GenerationRequest("hello", SamplingParams(max_tokens=4), model="m")
         events = [e async for e in client.stream(generation, spec("m"))]
         assert [e["type"] for e in events][-1] == "done"
         assert sum(e["type"] == "token" for e in events) == 4
@@ -26,14 +28,19 @@ async def test_a_stream_yields_event_dicts_ending_with_done():
         client.host.shutdown()
 
 
-async def test_bad_params_come_back_as_one_error_event_naming_the_field():
+def test_bad_params_are_refused_where_the_request_is_built_naming_the_field():
+    with pytest.raises(InvalidParams) as refused:
+        GenerationRequest("hello", SamplingParams(temperature=-2), model="m")
+    assert refused.value.kind == RefusalKind.INVALID and refused.value.field == "temperature"
+
+
+async def test_a_refusal_in_the_engine_comes_back_as_one_error_event_of_its_kind():
     client, factory = make_client()
     try:
-        generation = Generation(model="m", prompt="hello", params={"temperature": -2})
-        events = [e async for e in client.stream(generation, spec("m"))]
-        assert len(events) == 1 and events[0]["code"] == "invalid"
-        assert events[0]["field"] == "temperature"
-        assert factory.built == {}  # refused before any model was loaded
+        too_long = GenerationRequest("x" * 5000, SamplingParams(max_tokens=2), model="m")
+        events = [e async for e in client.stream(too_long, spec("m"))]
+        assert [e["type"] for e in events] == ["error"]
+        assert events[0]["code"] == RefusalKind.TOO_LONG == "too_long"
     finally:
         client.host.shutdown()
 
@@ -41,7 +48,7 @@ async def test_bad_params_come_back_as_one_error_event_naming_the_field():
 async def test_leaving_while_the_model_loads_cancels_the_request_once_it_exists():
     client, factory = make_client(load_s=0.5)
     try:
-        generation = Generation(model="m", prompt="hello", params={"max_tokens": 200})
+        generation = GenerationRequest("hello", SamplingParams(max_tokens=200), model="m")
 
         async def listen() -> None:
             async for _ in client.stream(generation, spec("m", overhead=0.01)):
@@ -65,14 +72,14 @@ async def test_leaving_while_the_model_loads_cancels_the_request_once_it_exists(
 async def test_a_request_that_waits_for_its_model_to_load_is_told_so_first():
     client, _ = make_client(load_s=0.8)
     try:
-        generation = Generation(model="m", prompt="hello", params={"max_tokens": 2})
+        generation = GenerationRequest("hello", SamplingParams(max_tokens=2), model="m")
         events = [e async for e in client.stream(generation, spec("m"))]
         assert events[0] == {"type": "phase", "phase": "loading",
                              "request_id": generation.request_id, "model": "m"}  # fmt: skip
         assert [e.get("phase") for e in events[1:3]] == ["waiting", "prefilling"]
         assert events[-1]["type"] == "done"
         # Warm now: no loading event.
-        again = Generation(model="m", prompt="hello", params={"max_tokens": 2})
+        again = GenerationRequest("hello", SamplingParams(max_tokens=2), model="m")
         kinds = [e.get("phase") async for e in client.stream(again, spec("m"))]
         assert "loading" not in kinds
     finally:
@@ -82,7 +89,7 @@ async def test_a_request_that_waits_for_its_model_to_load_is_told_so_first():
 async def test_a_refusal_after_a_load_still_comes_as_one_error_event_after_the_loading_one():
     client, _ = make_client(load_s=0.8)
     try:
-        generation = Generation(model="m", prompt="x" * 300, params={"max_tokens": 2})
+        generation = GenerationRequest("x" * 300, SamplingParams(max_tokens=2), model="m")
         events = [e async for e in client.stream(generation, spec("m"))]
         assert [e["type"] for e in events] == ["phase", "error"]
         assert events[0]["phase"] == "loading" and events[1]["code"] == "too_long"

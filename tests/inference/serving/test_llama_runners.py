@@ -14,6 +14,7 @@ from inference.engine import SamplingParams
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.supervisor import RunnerSupervisor
+from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model
 
@@ -44,9 +45,9 @@ def host(supervisor):
     host.shutdown()
 
 
-def ask(host, spec, question: str, max_tokens: int = 12):
-    handle = host.submit(spec, CHAT.format(question=question),
-                         SamplingParams(temperature=0, max_tokens=max_tokens))  # fmt: skip
+def answer(host, spec, question: str, max_tokens: int = 12):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    handle = host.submit(spec, ask(CHAT.format(question=question), params))
     return handle.result(timeout=120)
 
 
@@ -60,11 +61,11 @@ def test_a_runner_process_answers_as_the_engine_does_in_process(host, model_spec
     from inference.engine.runner import LlamaRunner
 
     spec = model_spec()
-    remote = ask(host, spec, "Name a colour.")
+    remote = answer(host, spec, "Name a colour.")
     local_engine = Engine(LlamaRunner(spec.config)).start()
     try:
-        handle = local_engine.submit(CHAT.format(question="Name a colour."),
-                                     SamplingParams(temperature=0, max_tokens=12))  # fmt: skip
+        params = SamplingParams(temperature=0, max_tokens=12)
+        handle = local_engine.submit(ask(CHAT.format(question="Name a colour."), params))
         local = handle.result(timeout=120)
     finally:
         local_engine.shutdown()
@@ -77,8 +78,8 @@ def test_a_segfault_mid_answer_ends_it_with_the_reason_and_the_next_request_is_s
     host, supervisor, model_spec
 ):
     spec = model_spec()
-    handle = host.submit(spec, CHAT.format(question="Tell me a long story about a robot."),
-                         SamplingParams(temperature=0.8, max_tokens=400, seed=1))  # fmt: skip
+    story = CHAT.format(question="Tell me a long story about a robot.")
+    handle = host.submit(spec, ask(story, SamplingParams(temperature=0.8, max_tokens=400, seed=1)))
     tokens = []
     for event in handle.events(timeout=120):
         if event.type == "token":
@@ -93,7 +94,7 @@ def test_a_segfault_mid_answer_ends_it_with_the_reason_and_the_next_request_is_s
     assert final.type == "error"
     assert "killed by signal 11 (SIGSEGV) during decode" in final.message
 
-    after = ask(host, spec, "Name a fruit.")
+    after = answer(host, spec, "Name a fruit.")
     assert after.type == "done" and after.text
     assert runner_pid(supervisor, "smol") not in (None, pid)
 
@@ -102,9 +103,9 @@ def test_two_models_loaded_at_once_both_answer_from_their_own_processes(
     host, supervisor, model_spec
 ):
     first, second = model_spec("first"), model_spec("second")
+    params = SamplingParams(temperature=0, max_tokens=16)
     handles = [
-        host.submit(spec, CHAT.format(question="Count to five."),
-                    SamplingParams(temperature=0, max_tokens=16))
+        host.submit(spec, ask(CHAT.format(question="Count to five."), params))
         for spec in (first, second)
     ]  # fmt: skip
     finals = [handle.result(timeout=120) for handle in handles]
@@ -116,7 +117,7 @@ def test_two_models_loaded_at_once_both_answer_from_their_own_processes(
 
 SUPERVISOR_SCRIPT = textwrap.dedent("""
     import json, os, sys
-    from inference.engine import SamplingParams
+    from inference.engine import GenerationRequest, SamplingParams
     from inference.engine.host import EngineHost, ModelSpec
     from inference.engine.runner_config import RunnerConfig
     from inference.serving.supervisor import RunnerSupervisor
@@ -125,7 +126,8 @@ SUPERVISOR_SCRIPT = textwrap.dedent("""
                           use_extra_bufts=sys.argv[2] == "1")
     supervisor = RunnerSupervisor()
     host = EngineHost(engine_factory=supervisor.start)
-    done = host.submit(ModelSpec("m", config, -1), "Hello", SamplingParams(max_tokens=4))
+    asked = GenerationRequest("Hello", SamplingParams(max_tokens=4))
+    done = host.submit(ModelSpec("m", config, -1), asked)
     final = done.result(timeout=120)
     (pid,) = supervisor.pids()
     maps = lambda p: open(f"/proc/{p}/maps").read()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from inference.engine import EngineStopped, InvalidParams
+from inference.engine import EngineStopped, RefusalKind, Refused
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.supervisor import RunnerSupervisor
@@ -56,9 +56,9 @@ def test_a_runner_process_embeds_exactly_as_the_engine_does_in_process(host, spe
 
 def test_a_refusal_in_the_runner_comes_back_as_the_same_exception(host, spec):
     future, _ = host.embed(spec, [[1, 10_000_000]])
-    with pytest.raises(InvalidParams) as refused:
+    with pytest.raises(Refused) as refused:  # across the runner channel: a Refused of its kind
         future.result(timeout=300)
-    assert refused.value.field == "input"
+    assert (refused.value.kind, refused.value.field) == (RefusalKind.INVALID, "input")
 
 
 def test_a_segfault_mid_embedding_ends_it_with_the_reason(host, supervisor, spec):

@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 
+from inference.engine import GenerationRequest, SamplingParams
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.core import serve
-from inference.serving.generation import Generation
 from inference.serving.supervisor import RunnerSupervisor
 
 pytestmark = pytest.mark.model
@@ -39,8 +39,8 @@ def spec(starter_path, extra_bufts) -> ModelSpec:
 
 
 async def collect(host, spec, question: str, max_tokens: int, into: list) -> None:
-    generation = Generation(model=spec.name, prompt=CHAT.format(question=question),
-                            params={"temperature": 0, "max_tokens": max_tokens})  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    generation = GenerationRequest(CHAT.format(question=question), params, model=spec.name)
     async for event in serve(host, generation, spec):
         into.append(event)
 

@@ -8,12 +8,13 @@ import time
 
 import pytest
 
-from inference.engine import EngineStopped, PromptTooLong, SamplingParams
+from inference.engine import EngineStopped, PromptTooLong, RefusalKind, Refused, SamplingParams
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.cpu_check import FILE_NAME, CpuCheck
 from inference.serving.runner_process import RunnerLoadError
 from inference.serving.supervisor import RunnerBackoff, RunnerSupervisor
+from tests.inference.engine.fakes import ask
 
 FACTORIES = "tests.inference.serving.runner_factories"
 DEATH_DEADLINE_S = 3.0  # the promise: a dead runner's requests end within 3 s
@@ -44,7 +45,7 @@ def start(sup: RunnerSupervisor, runners: list, model: ModelSpec | None = None):
 
 
 def answer(process, prompt: str = "hello", max_tokens: int = 5):
-    handle = process.submit(prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    handle = process.submit(ask(prompt, SamplingParams(temperature=0, max_tokens=max_tokens)))
     return list(handle.events(timeout=10))
 
 
@@ -69,8 +70,9 @@ def test_a_runner_answers_with_the_engines_events(tmp_path, runners):
 
 def test_a_refusal_in_the_runner_is_raised_here(tmp_path, runners):
     process = start(supervisor(tmp_path), runners)
-    with pytest.raises(PromptTooLong, match="per sequence"):
-        process.submit("x" * 600, SamplingParams(max_tokens=1))
+    with pytest.raises(Refused, match="per sequence") as refused:
+        process.submit(ask("x" * 600, SamplingParams(max_tokens=1)))
+    assert refused.value.kind == PromptTooLong.kind == RefusalKind.TOO_LONG
     assert answer(process)[-1].type == "done"  # and the runner goes on serving
 
 
@@ -93,7 +95,7 @@ def test_a_runner_killed_mid_stream_ends_its_requests_with_the_reason(how, tmp_p
     sup = supervisor(tmp_path)
     process = start(sup, runners)
     handles = [
-        process.submit(f"story {i}", SamplingParams(temperature=0, max_tokens=400))
+        process.submit(ask(f"story {i}", SamplingParams(temperature=0, max_tokens=400)))
         for i in range(2)
     ]
     tokens = 0
@@ -115,14 +117,14 @@ def test_a_runner_killed_mid_stream_ends_its_requests_with_the_reason(how, tmp_p
     assert row["last_exit"] == f"killed by signal {int(how)} ({name}) during decode"
     assert row["pid"] is None
     with pytest.raises(EngineStopped, match="was killed by signal"):
-        process.submit("after", SamplingParams(max_tokens=1))
+        process.submit(ask("after", SamplingParams(max_tokens=1)))
 
 
 def test_the_host_starts_a_new_runner_for_the_next_request(tmp_path, runners):
     sup = supervisor(tmp_path)
     host = EngineHost(engine_factory=sup.start, max_loaded=1)
     try:
-        first = host.submit(spec(), "hello", SamplingParams(max_tokens=3))
+        first = host.submit(spec(), ask("hello", SamplingParams(max_tokens=3)))
         assert first.result(timeout=10).type == "done"
         old_pid = state(sup)["pid"]
         os.kill(old_pid, signal.SIGKILL)
@@ -130,7 +132,7 @@ def test_the_host_starts_a_new_runner_for_the_next_request(tmp_path, runners):
         while time.monotonic() < deadline and state(sup)["state"] != "crashed":
             time.sleep(0.02)
 
-        again = host.submit(spec(), "hello", SamplingParams(max_tokens=3))
+        again = host.submit(spec(), ask("hello", SamplingParams(max_tokens=3)))
         assert again.result(timeout=10).type == "done"
         row = state(sup)
         assert row["state"] == "running" and row["pid"] not in (None, old_pid)

@@ -3,7 +3,7 @@ test instead of freezing the suite)."""
 
 import asyncio
 
-from inference.serving.generation import Generation
+from inference.engine import GenerationRequest, SamplingParams
 
 STREAM_TIMEOUT_S = 180  # a first request loads the model; the 2-core box is shared
 
@@ -13,16 +13,16 @@ def chat_prompt(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def counting(max_tokens: int = 300, **params) -> Generation:
+def counting(max_tokens: int = 300, **params) -> GenerationRequest:
     """A request that keeps generating until stopped: counting never runs out of numbers."""
     prompt = "Count from 1 to 1000, separated by commas: 1, 2, 3, 4, 5,"
-    return Generation(model="smollm2-135m-instruct", prompt=prompt,
-                      params={"max_tokens": max_tokens, "temperature": 0.0, **params})  # fmt: skip
+    params = SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **params})
+    return GenerationRequest(prompt, params, model="smollm2-135m-instruct")
 
 
-def short(text: str = "Say hello.", max_tokens: int = 12) -> Generation:
-    return Generation(model="smollm2-135m-instruct", prompt=chat_prompt(text),
-                      params={"max_tokens": max_tokens, "temperature": 0.0})  # fmt: skip
+def short(text: str = "Say hello.", max_tokens: int = 12) -> GenerationRequest:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    return GenerationRequest(chat_prompt(text), params, model="smollm2-135m-instruct")
 
 
 async def collect(client, generation, spec, *, timeout: float = STREAM_TIMEOUT_S, on_event=None):

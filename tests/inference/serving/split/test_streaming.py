@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
+from inference.engine import GenerationRequest, SamplingParams
 from inference.serving import split_protocol as protocol
-from inference.serving.generation import Generation
 from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
@@ -129,9 +129,13 @@ async def test_a_load_the_worker_cannot_do_raises_with_its_reason(
 
 
 async def test_invalid_sampling_params_come_back_as_an_invalid_error(
-    split_client, spec, shared_worker
+    split_client, spec, shared_worker, monkeypatch
 ):
-    generation = Generation(model=spec.name, prompt="Hi", params={"temperature": -1})
+    # Only a payload changed on its way can carry them: the web side cannot build such a request.
+    generation = GenerationRequest("Hi", SamplingParams(), model=spec.name)
+    wire = generation.to_wire()
+    monkeypatch.setattr(GenerationRequest, "to_wire",
+                        lambda self: {**wire, "params": {**wire["params"], "temperature": -1}})
 
     (event,) = await collect(split_client, generation, spec)
 
