@@ -15,9 +15,8 @@ Full checks (scope, rate, staff) stay in the views. Bodiless requests pass throu
 still answers 404 for unknown API paths and 405 for wrong methods as before. WebSockets pass
 untouched.
 
-It also stamps the arrival time into the scope (ARRIVED_WALL, ARRIVED_PERF) and into a context
-variable, so that a generation's clock (TTFT, queue time) starts when the request reached the
-application, not when the view got round to it.
+It also stamps each request's arrival (appliance.arrival), so that a generation's clock (TTFT,
+queue time) starts when the request reached the application, not when the view got round to it.
 
 `manage.py serve` runs uvicorn, which calls the application once the headers are in and streams
 the body to it, so the gate answers before an unwanted body is sent (tests/appliance). Daphne,
@@ -25,9 +24,7 @@ which served the appliance before, read the whole body first: there the gate sav
 work after it.
 """
 
-import contextvars
 import json
-import time
 from urllib.parse import quote
 
 from asgiref.sync import sync_to_async
@@ -35,12 +32,7 @@ from django.conf import settings
 from django.shortcuts import resolve_url
 from django.urls import Resolver404, resolve
 
-ARRIVED_WALL = "appliance.arrived_wall"  # time.time() when the application got the request
-ARRIVED_PERF = "appliance.arrived_perf"  # time.perf_counter() at the same moment
-
-_arrived_wall: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "appliance_arrived_wall", default=None
-)
+from appliance.arrival import stamped
 
 # URL names of the API endpoints that need a key (openapi is public, metrics unless configured).
 KEYED_ENDPOINTS = frozenset({
@@ -49,11 +41,6 @@ KEYED_ENDPOINTS = frozenset({
     "ollama_generate", "ollama_delete", "metrics",
 })  # fmt: skip
 UPLOAD_PATH = "/models/upload/"
-
-
-def arrived_wall() -> float | None:
-    """The wall-clock arrival of the HTTP request being handled, or None outside one."""
-    return _arrived_wall.get()
 
 
 def _is_api(path: str) -> bool:
@@ -138,10 +125,7 @@ class BodyGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        wall, perf = time.time(), time.perf_counter()
-        scope = {**scope, ARRIVED_WALL: wall, ARRIVED_PERF: perf}
-        token = _arrived_wall.set(wall)
-        try:
+        with stamped(scope) as scope:
             refusal = await self._refusal(scope)
             if refusal is not None:
                 return await refusal(send)
@@ -149,8 +133,6 @@ class BodyGate:
             if cap is not None and _header(scope, b"content-length") is None:
                 receive, send = _counting(receive, send, cap, _dialect(scope["path"]))
             return await self.app(scope, receive, send)
-        finally:
-            _arrived_wall.reset(token)
 
     def _cap(self, scope) -> int | None:
         if _is_api(scope["path"]):

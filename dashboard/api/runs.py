@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from appliance.gate import arrived_wall
+from appliance.arrival import arrived_wall
 from dashboard.api.errors import ApiError, from_event
 from dashboard.limits import api_streams
 from inference.history import record_request

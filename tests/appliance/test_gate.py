@@ -8,7 +8,8 @@ import time
 import pytest
 from django.core.asgi import get_asgi_application
 
-from appliance.gate import ARRIVED_PERF, ARRIVED_WALL, BodyGate
+from appliance.arrival import ARRIVED_PERF, ARRIVED_WALL
+from appliance.gate import BodyGate
 
 pytestmark = pytest.mark.asyncio
 
