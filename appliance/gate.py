@@ -5,19 +5,29 @@ Django's ASGI handler reads the whole body (spooled to a temporary file) before 
 middleware runs, so a view's 401 or 413 comes only after the last byte has been received and
 copied. This ASGI middleware answers before reading anything:
 
-- 401 for a keyed API endpoint (/v1/*, /api/* but /api/openapi.json, and /metrics unless
-  METRICS_PUBLIC) called with a body but without a valid `Authorization: Bearer <key>`;
+- 401 for a keyed API endpoint called with a body but without a valid `Authorization: Bearer
+  <key>`;
 - 302 to the sign-in page for POST /models/upload/ without a session cookie;
-- 413 for an API body over DATA_UPLOAD_MAX_MEMORY_SIZE (what parse_body allows today), from its
-  Content-Length, or, for a chunked body, as soon as the bytes counted so far pass the cap.
+- 413 for an API body over the endpoint's cap, from its Content-Length, or, for a body without
+  one (chunked), as soon as the bytes counted so far pass the cap.
+
+What is keyed and how large a body may be are not the gate's to decide: it resolves the path
+(/v1/*, /api/*, /metrics) to its view and reads what the view declared with `api_endpoint`
+(dashboard.api.auth's EndpointPolicy): keyed unless its `public()` says open (/api/openapi.json
+always, /metrics when METRICS_PUBLIC), the cap its `max_body` or DATA_UPLOAD_MAX_MEMORY_SIZE
+(what parse_body accepts). So an endpoint is gated the day it is declared, and no list here can
+fall behind the views. A path whose view declares nothing (an unknown API path's JSON 404) is
+judged on its size only.
 
 Full checks (scope, rate, staff) stay in the views. Bodiless requests pass through, so Django
 still answers 404 for unknown API paths and 405 for wrong methods as before. WebSockets pass
 untouched.
 
-It also stamps the arrival time into the scope (ARRIVED_WALL, ARRIVED_PERF) and into a context
-variable, so that a generation's clock (TTFT, queue time) starts when the request reached the
-application, not when the view got round to it.
+It also stamps each request's arrival (appliance.arrival), so that a generation's clock (TTFT,
+queue time) starts when the request reached the application, not when the view got round to it.
+
+The gate depends on the API's declarations, never the other way round, so it is imported once
+Django is set up (appliance.asgi does that first) and needs no lazy import.
 
 `manage.py serve` runs uvicorn, which calls the application once the headers are in and streams
 the body to it, so the gate answers before an unwanted body is sent (tests/appliance). Daphne,
@@ -25,9 +35,10 @@ which served the appliance before, read the whole body first: there the gate sav
 work after it.
 """
 
-import contextvars
 import json
-import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from http.cookies import SimpleCookie
 from urllib.parse import quote
 
 from asgiref.sync import sync_to_async
@@ -35,33 +46,38 @@ from django.conf import settings
 from django.shortcuts import resolve_url
 from django.urls import Resolver404, resolve
 
-ARRIVED_WALL = "appliance.arrived_wall"  # time.time() when the application got the request
-ARRIVED_PERF = "appliance.arrived_perf"  # time.perf_counter() at the same moment
+from appliance.arrival import stamped
+from dashboard.api.auth import key_for, policy_of
+from dashboard.api.errors import ApiError, Dialect
 
-_arrived_wall: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "appliance_arrived_wall", default=None
-)
-
-# URL names of the API endpoints that need a key (openapi is public, metrics unless configured).
-KEYED_ENDPOINTS = frozenset({
-    "openai_models", "openai_model", "openai_chat", "openai_completions",
-    "ollama_version", "ollama_tags", "ollama_ps", "ollama_show", "ollama_chat",
-    "ollama_generate", "ollama_delete", "metrics",
-})  # fmt: skip
 UPLOAD_PATH = "/models/upload/"
 
-
-def arrived_wall() -> float | None:
-    """The wall-clock arrival of the HTTP request being handled, or None outside one."""
-    return _arrived_wall.get()
+Responder = Callable[[Callable], Awaitable[None]]  # given `send`, sends a whole answer
 
 
-def _is_api(path: str) -> bool:
-    return path.startswith(("/v1/", "/api/")) or path == "/metrics"
+@dataclass(frozen=True, slots=True)
+class ApiRule:
+    """What the gate holds a request to an API path to, from its view's declaration."""
+
+    dialect: Dialect
+    keyed: bool
+    cap: int
 
 
-def _dialect(path: str) -> str:
-    return "ollama" if path.startswith("/api/") else "openai"
+def api_rule(path: str) -> ApiRule | None:
+    """The gate's rule for `path`: None off the API; else read from the view's EndpointPolicy
+    (asked now: `public()` may depend on settings), or, for a view that declares none, no key
+    and the default cap."""
+    if not (path.startswith(("/v1/", "/api/")) or path == "/metrics"):
+        return None
+    try:
+        policy = policy_of(resolve(path).func)
+    except Resolver404:
+        policy = None
+    if policy is None:
+        dialect: Dialect = "ollama" if path.startswith("/api/") else "openai"
+        return ApiRule(dialect, keyed=False, cap=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    return ApiRule(policy.dialect, keyed=policy.needs_key(), cap=policy.body_cap())
 
 
 def _header(scope: dict, name: bytes) -> bytes | None:
@@ -80,8 +96,6 @@ def _bearer(scope: dict) -> str | None:
 
 
 def _has_cookie(scope: dict, name: str) -> bool:
-    from http.cookies import SimpleCookie
-
     raw = _header(scope, b"cookie")
     if not raw:
         return False
@@ -94,20 +108,74 @@ def _has_cookie(scope: dict, name: str) -> bool:
     return morsel is not None and bool(morsel.value)
 
 
-def _keyed(path: str) -> bool:
+def _body_length(scope: dict) -> int | None:
+    """The declared Content-Length (0 when unreadable), or None when the header is absent."""
+    raw = _header(scope, b"content-length")
+    if raw is None:
+        return None
     try:
-        match = resolve(path)
-    except Resolver404:
-        return False
-    if match.url_name == "metrics" and settings.METRICS_PUBLIC:
-        return False
-    return match.url_name in KEYED_ENDPOINTS
+        return int(raw)
+    except ValueError:
+        return 0
 
 
-def _error(status: int, message: str, code: str, dialect: str) -> dict:
-    from dashboard.api.errors import ApiError
+class BodyGate:
+    """ASGI middleware: see the module's docstring."""
 
-    return ApiError(status, message, code=code).body(dialect)
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        with stamped(scope) as scope:
+            path = scope["path"]
+            if path == UPLOAD_PATH and scope["method"] == "POST":
+                if not _has_cookie(scope, settings.SESSION_COOKIE_NAME):
+                    return await _to_login(send, path)
+                return await self.app(scope, receive, send)
+            rule = api_rule(path)
+            if rule is None:
+                return await self.app(scope, receive, send)
+            length = _body_length(scope)
+            refusal = await _refusal(scope, rule, length)
+            if refusal is not None:
+                return await refusal(send)
+            if length is None:
+                receive, send = _counting(receive, send, rule.cap, rule.dialect)
+            return await self.app(scope, receive, send)
+
+
+async def _refusal(scope: dict, rule: ApiRule, length: int | None) -> Responder | None:
+    """The answer to send instead of calling the application, if the headers earn one."""
+    chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
+    if not (length or chunked):
+        return None  # no body to spare: the view answers (401, 404, 405) as it would
+    if rule.keyed:
+        raw = _bearer(scope)
+        if raw is None:
+            return _responder(401, "an API key is required: send the header "
+                              "'Authorization: Bearer <key>'", "missing_api_key", rule.dialect,
+                              [(b"www-authenticate", b'Bearer realm="appliance"')])  # fmt: skip
+        if await sync_to_async(key_for)(raw) is None:
+            return _responder(
+                401,
+                "the API key is not valid or has been revoked",
+                "invalid_api_key",
+                rule.dialect,
+                [(b"www-authenticate", b'Bearer realm="appliance", error="invalid_token"')],
+            )
+    if length is not None and length > rule.cap:
+        return _too_large(rule.dialect)
+    return None
+
+
+async def _to_login(send, path: str) -> None:
+    location = f"{resolve_url(settings.LOGIN_URL)}?next={quote(path)}".encode()
+    await send({"type": "http.response.start", "status": 302,
+                "headers": [(b"location", location), (b"content-length", b"0"),
+                            (b"connection", b"close")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:
@@ -121,96 +189,18 @@ async def _send_json(send, status: int, body: dict, headers: list | None = None)
     await send({"type": "http.response.body", "body": data})
 
 
-async def _key_is_valid(raw: str) -> bool:
-    from dashboard.api.auth import MAX_KEY_CHARS, _lookup
+def _responder(
+    status: int, message: str, code: str, dialect: Dialect, headers: list | None = None
+) -> Responder:
+    body = ApiError(status, message, code=code).body(dialect)
 
-    if len(raw) > MAX_KEY_CHARS:
-        return False
-    return await sync_to_async(_lookup)(raw) is not None
-
-
-class BodyGate:
-    """ASGI middleware: see the module's docstring."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        wall, perf = time.time(), time.perf_counter()
-        scope = {**scope, ARRIVED_WALL: wall, ARRIVED_PERF: perf}
-        token = _arrived_wall.set(wall)
-        try:
-            refusal = await self._refusal(scope)
-            if refusal is not None:
-                return await refusal(send)
-            cap = self._cap(scope)
-            if cap is not None and _header(scope, b"content-length") is None:
-                receive, send = _counting(receive, send, cap, _dialect(scope["path"]))
-            return await self.app(scope, receive, send)
-        finally:
-            _arrived_wall.reset(token)
-
-    def _cap(self, scope) -> int | None:
-        if _is_api(scope["path"]):
-            return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        return None
-
-    async def _refusal(self, scope):
-        path, method = scope["path"], scope["method"]
-        length_header = _header(scope, b"content-length")
-        chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
-        try:
-            length = int(length_header) if length_header is not None else 0
-        except ValueError:
-            length = 0
-        has_body = length > 0 or chunked
-
-        if path == UPLOAD_PATH and method == "POST":
-            if not _has_cookie(scope, settings.SESSION_COOKIE_NAME):
-                login = resolve_url(settings.LOGIN_URL)
-                location = f"{login}?next={quote(path)}".encode()
-
-                async def to_login(send):
-                    await send({"type": "http.response.start", "status": 302,
-                                "headers": [(b"location", location), (b"content-length", b"0"),
-                                            (b"connection", b"close")]})  # fmt: skip
-                    await send({"type": "http.response.body", "body": b""})
-
-                return to_login
-            return None
-
-        if not _is_api(path) or not has_body:
-            return None
-        dialect = _dialect(path)
-        if _keyed(path):
-            raw = _bearer(scope)
-            if raw is None:
-                return _responder(401, "an API key is required: send the header "
-                                  "'Authorization: Bearer <key>'", "missing_api_key", dialect,
-                                  [(b"www-authenticate", b'Bearer realm="appliance"')])  # fmt: skip
-            if not await _key_is_valid(raw):
-                return _responder(
-                    401,
-                    "the API key is not valid or has been revoked",
-                    "invalid_api_key",
-                    dialect,
-                    [(b"www-authenticate", b'Bearer realm="appliance", error="invalid_token"')],
-                )
-        if length > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-            return _too_large(dialect)
-        return None
-
-
-def _responder(status, message, code, dialect, headers=None):
     async def respond(send):
-        await _send_json(send, status, _error(status, message, code, dialect), headers)
+        await _send_json(send, status, body, headers)
 
     return respond
 
 
-def _too_large(dialect: str):
+def _too_large(dialect: Dialect) -> Responder:
     return _responder(413, "the request body is too large", "request_too_large", dialect)
 
 

@@ -6,12 +6,17 @@ empty-prompt form, and keep_alive beyond a model's own) < admin (also delete mod
 Only `Authorization: Bearer <key>` authenticates (what the openai and ollama clients send);
 session cookies never do, so a page a browser visits cannot ride on a logged-in admin's session,
 and CSRF does not apply. Keys are looked up by their SHA-256 hash.
+
+`api_endpoint` is the one declaration of an endpoint's rules: it enforces them in the view and
+records them on it as an `EndpointPolicy`, which the gate (appliance.gate) reads to refuse an
+anonymous or oversized body before it is read. An endpoint is gated the day it is declared.
 """
 
 import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from asgiref.sync import sync_to_async
@@ -34,6 +39,30 @@ MAX_KEY_CHARS = 200
 View = Callable[..., Awaitable[HttpResponse]]
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointPolicy:
+    """What an API endpoint declares (api_endpoint's arguments), for the view and the gate."""
+
+    dialect: Dialect
+    methods: tuple[str, ...]
+    scope: str
+    public: Callable[[], bool] | None = None  # asked on each request: open without a key?
+    # The largest body the gate lets through; None for DATA_UPLOAD_MAX_MEMORY_SIZE, which is also
+    # what parse_body (request.body) accepts, so a larger cap needs a view that streams its body.
+    max_body: int | None = None
+
+    def needs_key(self) -> bool:
+        return self.public is None or not self.public()
+
+    def body_cap(self) -> int:
+        return settings.DATA_UPLOAD_MAX_MEMORY_SIZE if self.max_body is None else self.max_body
+
+
+def policy_of(view: Callable) -> EndpointPolicy | None:
+    """The policy `view` was declared with by api_endpoint, or None for any other view."""
+    return getattr(view, "endpoint_policy", None)
+
+
 def bearer_token(request: HttpRequest) -> str | None:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.strip().partition(" ")
@@ -42,7 +71,11 @@ def bearer_token(request: HttpRequest) -> str | None:
     return token.strip()
 
 
-def _lookup(raw: str) -> ApiKey | None:
+def key_for(raw: str) -> ApiKey | None:
+    """The live key whose secret is `raw`, or None (revoked, unknown, or too long to be one).
+    Touches the database: call it from a thread (sync_to_async) on the event loop."""
+    if len(raw) > MAX_KEY_CHARS:
+        return None
     key = ApiKey.objects.filter(key_hash=ApiKey.hash(raw), revoked=False).first()
     if key is None:
         return None
@@ -78,7 +111,7 @@ async def authenticate(request: HttpRequest, scope: str) -> ApiKey:
             401, "an API key is required: send the header 'Authorization: Bearer <key>'",
             code="missing_api_key", headers={"WWW-Authenticate": 'Bearer realm="appliance"'},
         )  # fmt: skip
-    key = None if len(raw) > MAX_KEY_CHARS else await sync_to_async(_lookup)(raw)
+    key = await sync_to_async(key_for)(raw)
     if key is None:
         raise ApiError(
             401, "the API key is not valid or has been revoked", code="invalid_api_key",
@@ -101,9 +134,12 @@ def api_endpoint(
     methods: tuple[str, ...] = ("GET",),
     scope: str = ApiKey.Scope.CHAT,
     public: Callable[[], bool] | None = None,
+    max_body: int | None = None,
 ) -> Callable[[View], View]:
     """Wrap an async view: method check, key check (unless `public()` says it is open), and
-    ApiError (or a bug) → the dialect's error response. The key is left on `request.api_key`."""
+    ApiError (or a bug) → the dialect's error response. The key is left on `request.api_key`.
+    The same rules are recorded on the view (`policy_of`), with the body cap the gate enforces."""
+    policy = EndpointPolicy(dialect, methods, scope, public, max_body)
 
     def decorate(view: View) -> View:
         @functools.wraps(view)
@@ -115,7 +151,7 @@ def api_endpoint(
                         f"{' or '.join(methods)}", headers={"Allow": ", ".join(methods)},
                     )  # fmt: skip
                 request.api_key = None
-                if public is None or not public():
+                if policy.needs_key():
                     request.api_key = await authenticate(request, scope)
                 return await view(request, *args, **kwargs)
             except ApiError as exc:
@@ -127,7 +163,9 @@ def api_endpoint(
                 return ApiError(500, "internal error; the appliance's log has the details",
                                 code="internal_error").response(dialect)  # fmt: skip
 
-        return csrf_exempt(wrapper)
+        endpoint = csrf_exempt(wrapper)
+        endpoint.endpoint_policy = policy
+        return endpoint
 
     return decorate
 

@@ -16,7 +16,7 @@ import time
 
 from django.http import HttpRequest, JsonResponse
 
-from appliance.gate import arrived_wall
+from appliance.arrival import arrived_wall
 from dashboard.api.auth import api_endpoint, require_scope
 from dashboard.api.embed_schemas import (
     OllamaEmbeddingsRequest,

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from appliance.gate import arrived_wall
+from appliance.arrival import arrived_wall
 from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.limits import api_streams
 from inference.engine import GenerationRequest, InvalidParams
@@ -35,7 +35,7 @@ async def resolve_model(name: str | None) -> LLMModel:
 
 def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
     """The request for an API call (inference.registry.request_for), its clock started when it
-    reached the application (appliance.gate's stamp), not now, after parsing, authentication
+    reached the application (appliance.gate stamps it: appliance.arrival), not now, after parsing, authentication
     and prompt rendering; a sampling value out of bounds is a 400 naming it."""
     try:
         return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)

@@ -4,13 +4,15 @@ a body it refuses, lets everything else through untouched, and stamps each reque
 import asyncio
 import json
 import time
+import types
 
 import pytest
 from django.core.asgi import get_asgi_application
 
-from appliance.gate import ARRIVED_PERF, ARRIVED_WALL, BodyGate
-
-pytestmark = pytest.mark.asyncio
+from appliance.arrival import ARRIVED_PERF, ARRIVED_WALL
+from appliance.gate import ApiRule, BodyGate, api_rule
+from dashboard.api.auth import api_endpoint
+from tests.appliance.routes import api_routes, keyed_body_routes
 
 FIFTY_MB = 50 * 1024 * 1024
 
@@ -65,25 +67,39 @@ def header(sent: list[dict], name: bytes) -> bytes | None:
     return dict(sent[0]["headers"]).get(name)
 
 
-@pytest.mark.parametrize(
-    ("path", "dialect"),
-    [("/v1/chat/completions", "openai"), ("/v1/completions", "openai"), ("/api/chat", "ollama"),
-     ("/api/generate", "ollama"), ("/api/show", "ollama")],
-)  # fmt: skip
-async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(path, dialect):
+@pytest.mark.parametrize("route", keyed_body_routes(), ids=str)
+async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(route):
+    """Every route whose view declares a key, read from the URL resolver: one added later is
+    in this test the day it is declared."""
     inner = Recorder()
     for auth in ({}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}):
-        sent = await call(BodyGate(inner), http_scope("POST", path, {
+        sent = await call(BodyGate(inner), http_scope(route.method, route.path, {
             "Content-Type": "application/json", "Content-Length": str(FIFTY_MB), **auth,
         }))  # fmt: skip
         assert status_of(sent) == 401
         assert header(sent, b"www-authenticate").startswith(b"Bearer")
         error = json.loads(sent[1]["body"])["error"]
-        if dialect == "openai":
+        if route.policy.dialect == "openai":
             assert error["code"] == "missing_api_key" and error["type"] == "authentication_error"
         else:
             assert "API key is required" in error
     assert inner.scopes == []
+
+
+def test_the_routes_that_were_missing_from_the_gates_old_list_are_keyed():
+    keyed = {str(route) for route in keyed_body_routes()}
+    assert {"POST /v1/embeddings", "POST /api/embed", "POST /api/embeddings",
+            "POST /api/pull"} <= keyed  # fmt: skip
+
+
+def test_every_api_route_a_path_can_name_declares_its_policy():
+    """The gate judges what a view declares: a view without a declaration would be neither
+    keyed nor capped by it. Only the catch-alls of unknown paths (re_path) declare nothing."""
+    for route in api_routes():
+        if route.path is None:
+            assert route.policy is None, f"{route.pattern}: declare it with path(), not re_path()"
+        else:
+            assert route.policy is not None, f"{route.path}: declare it with @api_endpoint"
 
 
 @pytest.mark.django_db(transaction=True)
@@ -130,12 +146,14 @@ async def test_an_upload_with_a_session_cookie_goes_on_to_the_view():
 
 @pytest.mark.parametrize(
     ("method", "path"),
-    [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/embeddings"),
-     ("POST", "/api/openapi.json"), ("POST", "/login/"), ("GET", "/api/tags")],
+    [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/no-such-endpoint"),
+     ("POST", "/api/no/such/thing"), ("POST", "/api/openapi.json"), ("POST", "/login/"),
+     ("GET", "/api/tags")],
 )  # fmt: skip
 async def test_what_the_gate_does_not_judge_passes_through(method, path):
     """Bodiless calls (Django answers 401/405 without a body to read), unknown API paths (their
-    JSON 404), the public description and the pages are the views' to answer."""
+    JSON 404: no view declares them), the public description and the pages are the views' to
+    answer."""
     inner = Recorder()
     headers = {"Content-Length": "2"} if method == "POST" else {}
 
@@ -146,7 +164,14 @@ async def test_what_the_gate_does_not_judge_passes_through(method, path):
     assert status_of(sent) == 200 and len(inner.scopes) == 1
 
 
-async def test_a_chunked_body_over_the_cap_is_cut_off_with_413(settings):
+@pytest.fixture
+def raw_key(transactional_db) -> str:
+    from dashboard.models import ApiKey
+
+    return ApiKey.create("gate-app")[1]
+
+
+async def test_a_chunked_body_over_the_cap_is_cut_off_with_413(settings, raw_key):
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     inner = Recorder()
     chunks = iter(range(100))
@@ -156,14 +181,14 @@ async def test_a_chunked_body_over_the_cap_is_cut_off_with_413(settings):
         return {"type": "http.request", "body": b"x" * 300, "more_body": True}
 
     sent = await call(BodyGate(inner), http_scope("POST", "/v1/embeddings", {
-        "Transfer-Encoding": "chunked", "Authorization": "Bearer whatever",
+        "Transfer-Encoding": "chunked", "Authorization": f"Bearer {raw_key}",
     }), body)  # fmt: skip
     assert [status_of(sent), len(sent)] == [413, 2]  # the app's own answer never went out
     assert inner.received[-1] == {"type": "http.disconnect"}
     assert sum(len(m.get("body", b"")) for m in inner.received) <= 1200
 
 
-async def test_a_chunked_body_under_the_cap_reaches_the_app():
+async def test_a_chunked_body_under_the_cap_reaches_the_app(raw_key):
     inner = Recorder()
     parts = [b'{"a":', b"1}"]
 
@@ -171,10 +196,75 @@ async def test_a_chunked_body_under_the_cap_reaches_the_app():
         return {"type": "http.request", "body": parts.pop(0), "more_body": bool(parts)}
 
     sent = await call(BodyGate(inner), http_scope(
-        "POST", "/v1/embeddings", {"Transfer-Encoding": "chunked"}
+        "POST", "/v1/embeddings", {"Transfer-Encoding": "chunked",
+                                   "Authorization": f"Bearer {raw_key}"}
     ), body)  # fmt: skip
     assert status_of(sent) == 200
     assert b"".join(m["body"] for m in inner.received) == b'{"a":1}'
+
+
+@api_endpoint(dialect="openai", methods=("POST",))
+async def _brand_new(request):
+    raise AssertionError("the gate let an anonymous body through")
+
+
+@api_endpoint(dialect="ollama", methods=("POST",), public=lambda: True, max_body=100)
+async def _open_and_small(request):
+    raise AssertionError("never called: the inner application is a Recorder")
+
+
+def _plain(request):
+    raise AssertionError("never called: the inner application is a Recorder")
+
+
+@pytest.fixture
+def new_routes(settings):
+    """A URLconf of views the gate has never heard of: nothing lists them anywhere."""
+    from django.urls import path
+
+    urls = types.ModuleType("brand_new_urls")
+    urls.urlpatterns = [
+        path("v1/brand-new", _brand_new), path("api/open-and-small", _open_and_small),
+        path("v1/undeclared", _plain),
+    ]  # fmt: skip
+    settings.ROOT_URLCONF = urls
+    return urls
+
+
+async def test_a_newly_declared_endpoint_is_gated_without_editing_a_list(new_routes, settings):
+    assert api_rule("/v1/brand-new") == ApiRule(
+        "openai", keyed=True, cap=settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    )
+    assert api_rule("/api/open-and-small") == ApiRule("ollama", keyed=False, cap=100)
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", "/v1/brand-new", {
+        "Content-Length": str(FIFTY_MB)}))  # fmt: skip
+    assert status_of(sent) == 401 and b"missing_api_key" in sent[1]["body"]
+    sent = await call(BodyGate(inner), http_scope("POST", "/api/open-and-small", {
+        "Content-Length": "101"}))  # fmt: skip
+    assert status_of(sent) == 413 and json.loads(sent[1]["body"]) == {
+        "error": "the request body is too large"}  # fmt: skip
+    assert inner.scopes == []
+
+
+@pytest.mark.parametrize(("path", "length"), [("/api/open-and-small", 100), ("/v1/undeclared", 2)])
+async def test_a_public_body_within_its_cap_and_an_undeclared_view_pass(new_routes, path, length):
+    inner = Recorder()
+
+    async def body():
+        return {"type": "http.request", "body": b"x" * length, "more_body": False}
+
+    sent = await call(BodyGate(inner), http_scope("POST", path, {
+        "Content-Length": str(length)}), body)  # fmt: skip
+    assert status_of(sent) == 200 and len(inner.scopes) == 1
+
+
+async def test_metrics_is_keyed_unless_metrics_public(settings):
+    settings.METRICS_PUBLIC = False
+    assert api_rule("/metrics").keyed
+    settings.METRICS_PUBLIC = True
+    assert not api_rule("/metrics").keyed
+    assert not api_rule("/api/openapi.json").keyed
 
 
 async def test_websockets_pass_untouched():

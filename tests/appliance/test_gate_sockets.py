@@ -1,5 +1,6 @@
 """The body gate over real sockets: an anonymous POST that declares 50 MB and sends only its
-headers gets its answer without sending the body.
+headers gets its answer without sending the body; so does an anonymous 7 MB body (under the cap:
+the key refuses it) to every route whose view declares a key, walked from the URL resolver.
 
 Two servers in front of the same `appliance.asgi.application`:
 
@@ -21,7 +22,10 @@ from pathlib import Path
 import h11
 import pytest
 
+from tests.appliance.routes import KeyedBody, keyed_body_routes
+
 FIFTY_MB = 50 * 1024 * 1024
+SEVEN_MB = 7 * 1024 * 1024  # under DATA_UPLOAD_MAX_MEMORY_SIZE: only the missing key refuses it
 ROOT = Path(__file__).resolve().parents[2]
 API_POST = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -173,3 +177,32 @@ def test_the_served_appliance_sends_an_anonymous_200_mb_upload_to_login_before_i
     answer = _answer_without_the_body(served_port, head)
     assert answer.split(b"\r\n", 1)[0].split()[1] == b"302", answer
     assert b"/login/" in answer
+
+
+def _answer_to_headers_alone(port: int, head: bytes) -> bytes:
+    """Send the headers and not one byte of the body; what comes back within 10 s (b"" when
+    the server waits for the body instead)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        sock.settimeout(10)
+        answer = b""
+        try:
+            while data := sock.recv(65536):  # the gate answers and closes the connection
+                answer += data
+        except TimeoutError:
+            pass
+        return answer
+
+
+@pytest.mark.parametrize("route", keyed_body_routes(), ids=str)
+def test_every_keyed_route_refuses_an_anonymous_7_mb_body_before_a_byte_of_it(
+    served_port, route: KeyedBody
+):
+    head = (
+        f"{route.method} {route.path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {SEVEN_MB}\r\n\r\n"
+    ).encode()
+    answer = _answer_to_headers_alone(served_port, head)
+    assert answer, f"{route}: no answer until the body is sent"
+    assert answer.split(b"\r\n", 1)[0].split()[1] == b"401", answer
+    assert b"missing_api_key" in answer or b"API key is required" in answer
