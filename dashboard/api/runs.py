@@ -35,8 +35,8 @@ async def resolve_model(name: str | None) -> LLMModel:
 
 def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
     """The request for an API call (inference.registry.request_for), its clock started when it
-    reached the application (appliance.gate stamps it: appliance.arrival), not now, after parsing, authentication
-    and prompt rendering; a sampling value out of bounds is a 400 naming it."""
+    reached the application (the gate's stamp, appliance.arrival), not now, after parsing,
+    authentication and prompt rendering; a sampling value out of bounds is a 400 naming it."""
     try:
         return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)
     except InvalidParams as exc:
