@@ -119,6 +119,13 @@ class OpenAISampling(Strict):
         dict[str, float] | None, refuse_if(bool, "logit_bias is not supported by this engine")
     ] = None
     grammar: GrammarText | None = None  # llama-server's: a GBNF grammar for the output
+    # OpenAI's processing tiers: "flex" (slower, cheaper there) asks for background priority
+    # here; the others are the key's own. A request can lower its priority, never raise it.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+
+    @property
+    def priority(self) -> str:
+        return "background" if self.service_tier == "flex" else "interactive"
 
     def sampling(self) -> dict:
         fields = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",

@@ -87,7 +87,8 @@ async def chat_completions(request: HttpRequest):
                                think_param="reasoning_effort")  # fmt: skip
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls is not False)
     asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request))  # fmt: skip
+                        cache_partition=cache_partition(request),
+                        priority=body.priority)  # fmt: skip
     run = Run(model, asked, source="openai", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()
@@ -166,7 +167,8 @@ async def completions(request: HttpRequest):
     model = await resolve_model(body.model)
     asked = api_request(model, raw_prompt(model, body.prompt).prompt, body.sampling(),
                         cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request))  # fmt: skip
+                        cache_partition=cache_partition(request),
+                        priority=body.priority)  # fmt: skip
     run = Run(model, asked, source="openai", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()

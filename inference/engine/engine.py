@@ -161,6 +161,7 @@ class Engine:
             cache_key=asked.cache_key,
             cache_partition=asked.cache_partition,
             load_time=load_time,
+            priority=asked.priority,
         )
         handle = RequestHandle(request.id, self.cancel, sink)
         # Checked and queued under the lock the loop takes when it stops, so a request is
@@ -253,6 +254,7 @@ class Engine:
             since = min(STREAM_RATE_S, now - times[0]) if n else 0.0
             rows.append({
                 "id": request.id[:8],
+                "priority": request.priority,
                 "phase": "decoding" if n else "prefilling",
                 "prompt_tokens": request.prompt_len,
                 "cached_tokens": request.cached_tokens,

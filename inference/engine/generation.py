@@ -12,11 +12,16 @@ carries the wall clock of its arrival, the one clock every process and box share
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
+from typing import Literal
 
 from inference.engine.params import SamplingParams
 from inference.engine.refusals import RefusalKind, Refused
 
 MAX_ID_CHARS = 128  # ids and keys come from the web side; a bound keeps them from growing logs
+
+# Who reads the answer: a person (interactive) or an app working through a batch (background).
+Priority = Literal["interactive", "background"]
+PRIORITIES: tuple[Priority, ...] = ("interactive", "background")
 
 
 def new_request_id() -> str:
@@ -35,12 +40,16 @@ class GenerationRequest:
     cache_partition: str | None = None
     keep_alive: float | None = None  # seconds the model stays loaded after it; None: the model's
     arrived_wall: float = field(default_factory=time.time)  # when the request reached the app
+    priority: Priority = "interactive"
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
             object.__setattr__(self, "prompt", tuple(self.prompt))
         if not isinstance(self.params, SamplingParams):
             raise TypeError("params must be SamplingParams")
+        if self.priority not in PRIORITIES:
+            raise Refused(f"priority must be one of {', '.join(PRIORITIES)}",
+                          kind=RefusalKind.INVALID, field="priority")  # fmt: skip
         for name in ("request_id", "cache_key", "cache_partition"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or len(value) > MAX_ID_CHARS):

@@ -197,3 +197,14 @@ def test_an_unknown_api_path_is_a_json_404_in_its_dialect(http, path, shape):
         assert "no endpoint" in error["message"] and error["type"] == "invalid_request_error"
     else:
         assert "no endpoint" in error
+
+
+def test_openais_flex_service_tier_asks_for_background_priority():
+    from dashboard.api.openai_schemas import ChatCompletionRequest
+
+    messages = [{"role": "user", "content": "hi"}]
+    assert ChatCompletionRequest(messages=messages, service_tier="flex").priority == "background"
+    assert ChatCompletionRequest(messages=messages).priority == "interactive"
+    assert ChatCompletionRequest(messages=messages, service_tier="priority").priority == (
+        "interactive"  # a request may lower its priority, never raise it
+    )

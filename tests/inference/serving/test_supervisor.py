@@ -226,3 +226,14 @@ def test_a_model_that_always_crashes_backs_off_and_says_so(tmp_path):
     assert 0 < row["retry_in"] <= 30
     with pytest.raises(RunnerBackoff, match="crashed 2 times in a row .* another \\d+ s"):
         sup.start(spec())
+
+
+def test_a_background_request_is_background_in_the_runner_it_reached(tmp_path, runners):
+    process = start(supervisor(tmp_path), runners)
+    handle = process.submit(ask("hello", SamplingParams(max_tokens=200), priority="background"))
+    deadline = time.monotonic() + 5
+    rows = []
+    while time.monotonic() < deadline and not rows:
+        rows = process.snapshot().get("streams") or []
+    handle.cancel()
+    assert [row["priority"] for row in rows] == ["background"]
