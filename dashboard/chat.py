@@ -30,8 +30,8 @@ from dashboard import chat_prompt
 from dashboard.chat_refused import ChatRefused
 from dashboard.models import Conversation, Message, newest_leaf, versions
 from dashboard.running_answers import Claim, Turn, is_active, register
+from inference.catalog import UnknownModel, resolve, spec_for
 from inference.models import LLMModel
-from inference.registry import UnknownModel, resolve, spec_for
 
 MAX_CONTENT_CHARS = 100_000  # a long paste; the context's token limit is checked by the engine
 MAX_SYSTEM_PROMPT_CHARS = 8_000

@@ -1,9 +1,9 @@
-"""Three URL sets, one per part of the product: pages, the LAN API, the model registry."""
+"""Three URL sets, one per part of the product: pages, the LAN API, the model pages."""
 
 from django.urls import include, path
 
 urlpatterns = [
     path("", include("dashboard.web.urls")),
     path("", include("dashboard.api.urls")),
-    path("models/", include("dashboard.registry.urls")),
+    path("models/", include("dashboard.model_pages.urls")),
 ]

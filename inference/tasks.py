@@ -103,6 +103,6 @@ def prune_request_history() -> int:
 
 @app.task(name="inference.unload_idle_models", soft_time_limit=60, time_limit=90)
 def unload_idle_models() -> list[str]:
-    from inference.registry import unload_idle_models as unload
+    from inference.catalog import unload_idle_models as unload
 
     return unload()

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.models import ApiKey
 from dashboard.web.security import staff_required, with_csp
-from inference.registry import default_model
+from inference.catalog import default_model
 
 KEY_PLACEHOLDER = "YOUR_KEY"
 MODEL_PLACEHOLDER = "MODEL"

@@ -25,8 +25,8 @@ from dashboard.api.schemas import (
     total_chars,
 )
 from dashboard.api.structured import check_schema, json_object_grammar, schema_grammar
+from inference.catalog import parse_keep_alive
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
-from inference.registry import parse_keep_alive
 from inference.thinking import LEVELS, Level
 
 

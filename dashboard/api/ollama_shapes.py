@@ -20,7 +20,7 @@ def now_iso() -> str:
 
 def tag_names(model: LLMModel) -> list[str]:
     """The names it was pulled as ("llama3.2:1b"), so an app finds what it pulled; else the
-    registry name as Ollama's latest tag."""
+    catalog name as Ollama's latest tag."""
     return [pulled.name for pulled in model.pulled_names.all()] or [f"{model.name}:latest"]
 
 

@@ -38,10 +38,10 @@ from dashboard.api.runs import Run, api_request, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.api.timings import ollama_durations
+from dashboard.model_pages import lifecycle
 from dashboard.models import ApiKey
-from dashboard.registry import lifecycle
+from inference.catalog import context_asked, forget_name, spec_for
 from inference.models import LLMModel
-from inference.registry import context_asked, forget_name, spec_for
 from inference.serving.client import get_client
 from inference.serving.core import load_refusal
 

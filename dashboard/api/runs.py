@@ -16,11 +16,11 @@ from django.conf import settings
 from appliance.arrival import arrived_wall
 from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.limits import api_streams
+from inference.catalog import UnknownModel, request_for, resolve, spec_for
 from inference.engine import GenerationRequest, InvalidParams
 from inference.history import record_answer
 from inference.models import LLMModel
 from inference.prompting import Prompt
-from inference.registry import UnknownModel, request_for, resolve, spec_for
 from inference.serving.client import get_client
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ async def resolve_model(name: str | None) -> LLMModel:
 
 
 def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
-    """The request for an API call (inference.registry.request_for), its clock started when it
+    """The request for an API call (inference.catalog.request_for), its clock started when it
     reached the application (the gate's stamp, appliance.arrival), not now, after parsing,
     authentication and prompt rendering; a sampling value out of bounds is a 400 naming it."""
     try:
@@ -55,7 +55,7 @@ class Run:
         min_ctx: int = 0,
     ):
         """`min_ctx`: the context per sequence the request needs (Ollama's num_ctx, clamped by
-        inference.registry.context_asked); a model loaded with less is reloaded."""
+        inference.catalog.context_asked); a model loaded with less is reloaded."""
         self.model = model
         self.request = request
         self.source = source

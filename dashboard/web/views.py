@@ -15,9 +15,9 @@ from django.views.decorators.http import require_GET, require_POST
 from dashboard import chat, chat_prompt, running_answers
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
+from inference.catalog import default_model
 from inference.history import recent_requests
 from inference.models import LLMModel
-from inference.registry import default_model
 from inference.serving.client import get_client
 
 SIDEBAR_CONVERSATIONS = 200

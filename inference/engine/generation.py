@@ -33,7 +33,7 @@ class GenerationRequest:
     prompt: str | tuple[int, ...]  # text (tokenized by the runner) or token ids
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=new_request_id)
-    model: str = ""  # the registry's name of the model, for logs and routing
+    model: str = ""  # the model's name in the catalog, for logs and routing
     add_special: bool = True  # False when the prompt already starts with the BOS token
     cache_key: str | None = None  # its conversation: its KV is kept for the next turn
     # Whose KV it may reuse and learn about: "apikey:<id>", "user:<id>", a household.

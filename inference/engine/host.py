@@ -42,7 +42,7 @@ RELOAD_WAIT_S = 120.0
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """What the host needs to load a model; built from the registry's record."""
+    """What the host needs to load a model (inference.catalog.spec_for builds it)."""
 
     name: str
     config: object  # a RunnerConfig (kept untyped so this module never imports llama_cpp)

@@ -1,5 +1,5 @@
 """One prompt path: the chat page and both API dialects turn the same messages into the same
-request (inference.prompting, inference.registry.request_for), BOS rule included."""
+request (inference.prompting, inference.catalog.request_for), BOS rule included."""
 
 from types import SimpleNamespace
 
@@ -10,7 +10,7 @@ from dashboard.api.prompts import _render, raw_prompt
 from dashboard.api.runs import api_request
 from inference.importing import register_file
 from inference.models import LLMModel
-from tests.inference.registry.ggufs import tiny_gguf
+from tests.inference.ggufs import tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

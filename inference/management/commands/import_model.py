@@ -36,7 +36,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("path", help="a .gguf file")
-        parser.add_argument("--name", help="registry name (default: from the file name)")
+        parser.add_argument("--name", help="the model's name (default: from the file name)")
 
     def handle(self, *args, path: str, name: str | None, **options) -> None:
         source = Path(path).expanduser()

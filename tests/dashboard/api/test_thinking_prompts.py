@@ -9,7 +9,7 @@ from dashboard.api.prompts import _render, raw_prompt
 from inference.importing import register_file
 from inference.models import LLMModel
 from inference.thinking import thinking_mode
-from tests.inference.registry.ggufs import tiny_gguf
+from tests.inference.ggufs import tiny_gguf
 from tests.inference.thinking_templates import DEEPSEEK_R1, QWEN3
 
 pytestmark = pytest.mark.django_db

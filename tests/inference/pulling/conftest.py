@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.inference.ggufs import tiny_gguf
 from tests.inference.pulling.registry import FakeRegistry
-from tests.inference.registry.ggufs import tiny_gguf
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ Ollama's registry does it) served by the tests' LAN server, which can also drop 
 import hashlib
 import json
 
-from tests.inference.registry.http_server import ModelServer
+from tests.inference.http_server import ModelServer
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA = "application/vnd.ollama.image."

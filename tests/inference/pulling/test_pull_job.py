@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
+from inference.catalog import resolve
 from inference.importing import install_file
 from inference.jobs import reset_for_retry
 from inference.models import Job, LLMModel, PulledName
 from inference.pulling.job import pull_model
-from inference.registry import resolve
 from tests.inference.engine.fakes import wait_until
 from tests.inference.pulling.registry import digest_of
 

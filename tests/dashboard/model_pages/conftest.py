@@ -11,8 +11,8 @@ from inference.importing import register_file
 from inference.preflight import fit
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
+from tests.inference import conftest as shared
 from tests.inference.engine.fakes import FakeRunner, engines_on
-from tests.inference.registry import conftest as shared
 
 # The models directory, tiny GGUF files and the LAN server of the inference registry's tests.
 models_dir = shared.models_dir

@@ -4,7 +4,7 @@ that updates the estimate."""
 import pytest
 from django.urls import reverse
 
-from tests.dashboard.registry.conftest import flashes
+from tests.dashboard.model_pages.conftest import flashes
 
 pytestmark = pytest.mark.django_db
 

@@ -15,12 +15,12 @@ from django.utils import timezone
 
 from dashboard.web.panels import RunnerPanel, runner_panel
 from inference import plain
+from inference.catalog import spec_for
 from inference.gguf import GGUFError
 from inference.importing import unregister
 from inference.memory import AvailableMemory, InsufficientMemory, MemoryEstimate, check_fits
 from inference.models import LLMModel
 from inference.preflight import estimate_for_settings, gguf_info
-from inference.registry import spec_for
 from inference.serving.client import get_client
 
 

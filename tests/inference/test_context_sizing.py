@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from inference import preflight as preflight_module
+from inference.catalog import context_asked, spec_for
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.gguf import read_gguf
@@ -20,7 +21,6 @@ from inference.preflight import (
     estimate_for_settings,
     fit,
 )
-from inference.registry import context_asked, spec_for
 from tests.inference.engine.fakes import engines_on
 
 GiB = 1 << 30

@@ -8,7 +8,7 @@ from django.urls import reverse
 
 from inference.downloads import part_path
 from inference.models import Job, LLMModel
-from tests.dashboard.registry.conftest import flashes
+from tests.dashboard.model_pages.conftest import flashes
 from tests.inference.engine.fakes import wait_until
 
 ENDED = ("done", "failed", "cancelled")

@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from inference.models import LLMModel
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args) -> str:

@@ -19,7 +19,7 @@ from inference.importing import (
 )
 from inference.models import Job, LLMModel
 from inference.tasks import schedule_hash
-from tests.inference.registry.ggufs import TEMPLATE, corrupt_copy, tiny_gguf
+from tests.inference.ggufs import TEMPLATE, corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

@@ -7,14 +7,14 @@ import pytest
 from django.urls import reverse
 
 from inference import preflight as preflight_module
+from inference.catalog import spec_for
 from inference.engine.params import SamplingParams
 from inference.importing import register_file
 from inference.memory import AvailableMemory
 from inference.models import LLMModel
-from inference.registry import spec_for
-from tests.dashboard.registry.conftest import flashes
+from tests.dashboard.model_pages.conftest import flashes
 from tests.inference.engine.fakes import ask, wait_until
-from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
+from tests.inference.ggufs import corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

@@ -16,7 +16,7 @@ from inference.importing import (
 )
 from inference.models import LLMModel
 from inference.tasks import schedule_hash
-from tests.inference.registry.ggufs import tiny_gguf
+from tests.inference.ggufs import tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

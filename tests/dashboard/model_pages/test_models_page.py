@@ -9,15 +9,15 @@ import threading
 import pytest
 from django.urls import reverse
 
+from inference.catalog import spec_for
 from inference.engine.params import SamplingParams
 from inference.importing import hash_model_job, register_file
 from inference.models import Job, LLMModel
-from inference.registry import spec_for
-from tests.dashboard.registry.conftest import flashes
-from tests.dashboard.registry.test_settings_form import VALID
-from tests.dashboard.registry.test_upload import upload
+from tests.dashboard.model_pages.conftest import flashes
+from tests.dashboard.model_pages.test_settings_form import VALID
+from tests.dashboard.model_pages.test_upload import upload
 from tests.inference.engine.fakes import ask, wait_until
-from tests.inference.registry.ggufs import tiny_gguf
+from tests.inference.ggufs import tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

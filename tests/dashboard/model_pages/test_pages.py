@@ -4,11 +4,11 @@ estimate against free memory, the hash in progress."""
 import pytest
 from django.urls import reverse
 
-from dashboard.registry import lifecycle
+from dashboard.model_pages import lifecycle
 from inference.importing import register_file, scan_models_dir
 from inference.models import Job
 from inference.tasks import schedule_hash
-from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
+from tests.inference.ggufs import corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
 

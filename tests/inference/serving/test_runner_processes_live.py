@@ -12,7 +12,7 @@ import psutil
 import pytest
 from openai import APIError, OpenAI
 
-from tests.dashboard.api.server import STARTER, Appliance
+from tests.dashboard.api.server import STARTER, Appliance, prepare
 
 pytestmark = pytest.mark.model
 
@@ -21,10 +21,10 @@ RUNNER_MODULE = "inference.serving.runner_main"
 
 
 @pytest.fixture(scope="module")
-def live(appliance) -> Appliance:
-    """A server of its own on the session appliance's data, so its runners can be killed and
-    its model unloaded without touching the other API tests."""
-    server = Appliance(appliance.data_dir, dict(appliance.env), dict(appliance.keys))
+def live(tmp_path_factory, starter_path) -> Appliance:
+    """A served appliance of its own (tests.dashboard.api.server), so its runners can be
+    killed and its model unloaded without touching the API tests' one."""
+    server = prepare(tmp_path_factory.mktemp("runner-processes"))
     server.start()
     yield server
     server.stop()

@@ -6,8 +6,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
-from dashboard.registry.forms import PullForm
-from dashboard.registry.views import job_json, wants_json
+from dashboard.model_pages.forms import PullForm
+from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import staff_required
 from inference import tasks
 

@@ -3,10 +3,10 @@ given with a request, idle unload by the host's sweeper and by the beat task."""
 
 import pytest
 
+from inference.catalog import spec_for
 from inference.engine.host import EngineHost
 from inference.engine.params import SamplingParams
 from inference.importing import register_file
-from inference.registry import spec_for
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
 from inference.tasks import unload_idle_models

@@ -3,6 +3,7 @@ and a LAN download."""
 
 from django import forms
 
+from inference.catalog import parse_keep_alive
 from inference.downloads import validate_url
 from inference.engine.params import (
     _FLOAT_BOUNDS,  # the engine's own bound tables: the form refuses what the API refuses
@@ -18,7 +19,6 @@ from inference.importing import ImportRefused, check_name
 from inference.models import LLMModel
 from inference.pulling.names import MAX_NAME_CHARS, InvalidName
 from inference.pulling.names import parse as parse_pull_name
-from inference.registry import parse_keep_alive
 
 MAX_CONTEXT = 131072  # when the file does not state its context length
 # What a chat template override must render: a plain alternating conversation (no system
@@ -211,7 +211,7 @@ def clean_sampling(form: forms.ModelForm, data: dict) -> dict:
 class UploadForm(forms.Form):
     file = forms.FileField(help_text="a .gguf model file")
     name = forms.CharField(
-        required=False, max_length=100, help_text="registry name (default: from the file name)"
+        required=False, max_length=100, help_text="the model's name (default: from the file name)"
     )
 
     def clean_name(self) -> str:

@@ -1,9 +1,9 @@
-"""/models/: the registry's pages. Fixed paths come first; inference.importing.RESERVED_NAMES
+"""/models/: the model pages. Fixed paths come first; inference.importing.RESERVED_NAMES
 keeps a model from being named like one of them."""
 
 from django.urls import path
 
-from dashboard.registry import actions, pulls, views
+from dashboard.model_pages import actions, pulls, views
 
 urlpatterns = [
     path("", views.model_list, name="models"),

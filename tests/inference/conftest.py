@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from inference import netguard
-from tests.inference.registry.ggufs import corrupt_copy, tiny_gguf
-from tests.inference.registry.http_server import ModelServer
+from tests.inference.ggufs import corrupt_copy, tiny_gguf
+from tests.inference.http_server import ModelServer
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Numbers and messages as the registry pages show them (the templates only place them)."""
+"""Numbers and messages as the model pages show them (the templates only place them)."""
 
 from django.utils.html import format_html
 

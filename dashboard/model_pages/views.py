@@ -1,5 +1,5 @@
-"""The model registry's pages under /models/ and their JSON: every logged-in user may look;
-only staff change (the settings form here, everything else in dashboard.registry.actions).
+"""The model pages under /models/ and their JSON: every logged-in user may look;
+only staff change (the settings form here, everything else in dashboard.model_pages.actions).
 """
 
 import os
@@ -16,16 +16,16 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
-from dashboard.registry import lifecycle
-from dashboard.registry.display import bytes_label, params_label, seconds_label
-from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages import lifecycle
+from dashboard.model_pages.display import bytes_label, params_label, seconds_label
+from dashboard.model_pages.forms import DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
 from inference import plain
+from inference.catalog import spec_for
 from inference.importing import copies, models_dir
 from inference.memory import MemoryEstimate
 from inference.models import Job, LLMModel
-from inference.registry import spec_for
 from inference.tasks import RETRY_TASKS
 
 RECENT_JOBS = 20
@@ -52,7 +52,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "file_missing": not os.path.isfile(m.file_path),
         "copies": same.get(m.pk, []),
     } for m in models]  # fmt: skip
-    return render(request, "registry/models.html", {
+    return render(request, "model_pages/models.html", {
         "rows": rows,
         "loaded": sorted(loaded.values(), key=lambda r: r["name"]),
         "loading": lifecycle.loading_names(snaps),
@@ -117,7 +117,7 @@ def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
         # read the hash again rather than show "not computed" with nothing polling.
         model.refresh_from_db(fields=["sha256"])
     same = copies(list(LLMModel.objects.filter(sha256=model.sha256))) if model.sha256 else {}
-    return render(request, "registry/detail.html", {
+    return render(request, "model_pages/detail.html", {
         "model": model,
         "form": form,
         "facts": facts(model),

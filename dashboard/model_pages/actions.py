@@ -16,11 +16,11 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dashboard.registry import lifecycle, views
-from dashboard.registry.display import flash_text
-from dashboard.registry.forms import DownloadForm, ModelSettingsForm, UploadForm
-from dashboard.registry.uploads import ModelsDirUploadHandler
-from dashboard.registry.views import job_json, wants_json
+from dashboard.model_pages import lifecycle, views
+from dashboard.model_pages.display import flash_text
+from dashboard.model_pages.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages.uploads import ModelsDirUploadHandler
+from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import content_security_policy, staff_required
 from inference import plain, tasks
 from inference.dispatch import dispatch
@@ -305,7 +305,7 @@ async def delete(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _confirm_delete(request: HttpRequest, model: LLMModel) -> HttpResponse:
-    response = render(request, "registry/confirm_delete.html", {
+    response = render(request, "model_pages/confirm_delete.html", {
         "model": model,
         "packaged": is_packaged(model),
         "removes_file": not is_packaged(model) and inside_models_dir(model.file_path),

@@ -6,7 +6,7 @@ import re
 import pytest
 from playwright.sync_api import expect
 
-from tests.inference.registry.ggufs import tiny_gguf
+from tests.inference.ggufs import tiny_gguf
 from tests.live import ROOT, LiveAppliance
 
 pytestmark = [pytest.mark.browser, pytest.mark.model]

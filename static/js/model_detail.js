@@ -1,7 +1,7 @@
 // A model's page: its sha256 while it is hashed, its loaded state, its runner process and loads
 // under way, polled; the Load button says "loading…" while the server loads (the page reloads
 // when it is done). The badge and the load-state line come from the same row of the same poll
-// (worded by the server, dashboard/registry/views.py loaded_view), so they never disagree; when
+// (worded by the server, dashboard/model_pages/views.py loaded_view), so they never disagree; when
 // the model is loaded or unloaded elsewhere, the page is drawn again unless the settings form
 // is being edited.
 (function () {
@@ -22,7 +22,7 @@
       .then(function (r) { if (!r.ok) throw new Error("HTTP " + r.status); return r.json(); });
   }
 
-  // The runner rows come worded by the server (dashboard/registry/views.py runner_view), the
+  // The runner rows come worded by the server (dashboard/model_pages/views.py runner_view), the
   // same words the page was rendered with; this only places them, as text.
   function runnerTable(runner, many) {
     var table = document.createElement("table");

@@ -1,4 +1,6 @@
-"""The model registry's behaviour: which model to use, how to load it, how long to keep it."""
+"""The catalog of registered models: which model a name means, how to load it (spec_for), how
+to ask it (sampling_for, request_for), how long to keep it. ("Registry", in this project, is
+only ever a remote model registry that /api/pull fetches from: inference.pulling.)"""
 
 import logging
 import re
@@ -115,7 +117,7 @@ def default_model() -> LLMModel | None:
 
 
 def resolve(name: str | None) -> LLMModel:
-    """A model by registry name (Ollama's "name:tag" accepted), or the default one."""
+    """A model by its name in the catalog (Ollama's "name:tag" accepted), or the default one."""
     if not name:
         model = default_model()
         if model is None:

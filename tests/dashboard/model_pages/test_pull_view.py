@@ -6,10 +6,10 @@ import hashlib
 import pytest
 from django.urls import reverse
 
+from inference.catalog import resolve
 from inference.models import Job
-from inference.registry import resolve
-from tests.dashboard.registry.conftest import flashes
-from tests.dashboard.registry.test_download_view import poll
+from tests.dashboard.model_pages.conftest import flashes
+from tests.dashboard.model_pages.test_download_view import poll
 from tests.inference.pulling import conftest as pulling
 
 # The loopback registry and tiny GGUF of the pull job's tests.
