@@ -1,20 +1,11 @@
-"""A models directory of the test's own, tiny GGUF files, and a registry on loopback that the
-settings name (so the pull policy trusts it, as it trusts a configured registry)."""
+"""Tiny GGUF files and a registry on loopback that the settings name (so the pull policy trusts
+it, as it trusts a configured registry); the models directory is tests/inference/conftest.py's."""
 
-from pathlib import Path
 
 import pytest
 
 from tests.inference.ggufs import tiny_gguf
 from tests.inference.pulling.registry import FakeRegistry
-
-
-@pytest.fixture
-def models_dir(settings, tmp_path) -> Path:
-    directory = tmp_path / "models"
-    directory.mkdir()
-    settings.MODELS_DIR = directory
-    return directory
 
 
 @pytest.fixture
