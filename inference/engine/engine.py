@@ -162,6 +162,7 @@ class Engine:
             cache_partition=asked.cache_partition,
             load_time=load_time,
             priority=asked.priority,
+            share=asked.share,
         )
         handle = RequestHandle(request.id, self.cancel, sink)
         # Checked and queued under the lock the loop takes when it stops, so a request is

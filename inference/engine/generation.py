@@ -41,6 +41,9 @@ class GenerationRequest:
     keep_alive: float | None = None  # seconds the model stays loaded after it; None: the model's
     arrived_wall: float = field(default_factory=time.time)  # when the request reached the app
     priority: Priority = "interactive"
+    # Whose turn it takes in fair-share admission: an app ("apikey:<id>", or one of its users
+    # when the app names them), a person ("user:<id>"). None: one share of its own.
+    share: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
@@ -50,7 +53,7 @@ class GenerationRequest:
         if self.priority not in PRIORITIES:
             raise Refused(f"priority must be one of {', '.join(PRIORITIES)}",
                           kind=RefusalKind.INVALID, field="priority")  # fmt: skip
-        for name in ("request_id", "cache_key", "cache_partition"):
+        for name in ("request_id", "cache_key", "cache_partition", "share"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or len(value) > MAX_ID_CHARS):
                 raise Refused(f"{name} must be a string of at most {MAX_ID_CHARS} characters",

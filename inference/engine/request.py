@@ -40,6 +40,7 @@ class Request:
     cache_partition: str | None = None
     load_time: float = 0.0  # model load charged to this request by whoever loaded it
     priority: str = "interactive"  # GenerationRequest.priority: a person reads it, or an app
+    share: str | None = None  # GenerationRequest.share: whose turn it takes in admission
     max_new_tokens: int = 0  # max_tokens clamped to what the context can hold; set on admission
 
     status: Status = Status.WAITING
