@@ -32,7 +32,7 @@ from inference.engine.events import (
     RequestHandle,
     TokenEvent,
 )
-from inference.engine.generation import GenerationRequest
+from inference.engine.generation import PRIORITIES, GenerationRequest, Priority
 from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.refusals import RefusalKind, Refused
@@ -182,6 +182,13 @@ class Engine:
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
+
+    def set_priority(self, request_id: str, priority: Priority) -> None:
+        """Change a request's priority from the next step on (a chat answer whose page went
+        away is background until a reader attaches again); thread-safe, unknown ids ignored."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
+        self._inbox.put(("priority", request_id, priority))
 
     def on_engine_thread(self, fn: Callable[[], object]) -> Future:
         """Run `fn` between steps on the thread that owns the runner; its result or exception
@@ -368,6 +375,10 @@ class Engine:
             request = self.scheduler.cancel(message[1])
             if request is not None:
                 self._end(request, Status.CANCELLED, "cancelled")
+        elif kind == "priority":
+            request = self.scheduler.find(message[1])
+            if request is not None:
+                request.priority = message[2]
         elif kind == "call":
             _, fn, future = message
             try:

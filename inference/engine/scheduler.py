@@ -87,6 +87,13 @@ class Scheduler:
                 return request
         return None
 
+    def find(self, request_id: str) -> Request | None:
+        """A request still waiting or running, by id."""
+        for request in (*self.waiting, *self.running):
+            if request.id == request_id:
+                return request
+        return None
+
     def finish(self, request: Request, *, keep_kv: bool) -> None:
         """Take a request out of the running set. With keep_kv its KV stays for the next turn."""
         self.running.remove(request)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from inference.engine.engine import EngineStopped, PromptTooLong
+from inference.engine.engine import Engine, EngineStopped, PromptTooLong
 from inference.engine.events import DoneEvent, ErrorEvent, PhaseEvent, TokenEvent
 from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
@@ -433,3 +433,20 @@ def test_a_call_runs_on_the_engine_thread_with_its_result_or_its_exception(make_
     with pytest.raises(RuntimeError, match="warm-up failed"):
         engine.on_engine_thread(broken).result(5)
     assert engine.alive  # the loop goes on
+
+
+def test_a_running_requests_priority_can_change_and_shows_in_its_stream_row():
+    engine = Engine(FakeRunner(overhead=0.01), itl_target=0.05).start()
+    try:
+        handle = engine.submit(ask("hi", greedy(200)))
+        assert wait_until(lambda: engine.snapshot()["streams"])
+        engine.set_priority(handle.id, "background")
+        assert wait_until(
+            lambda: [r["priority"] for r in engine.snapshot()["streams"]] == ["background"]
+        )
+        engine.set_priority("no-such-request", "background")  # ignored
+        with pytest.raises(ValueError):
+            engine.set_priority(handle.id, "urgent")
+        handle.cancel()
+    finally:
+        engine.shutdown()
