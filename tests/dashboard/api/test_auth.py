@@ -27,6 +27,9 @@ ENDPOINTS = [
     ("POST", "/api/generate", {"model": STARTER, "prompt": ""}, "ollama"),
     ("DELETE", "/api/delete", {"model": "no-such-model"}, "ollama"),
     ("POST", "/api/pull", {"model": "no-such-model"}, "ollama"),
+    ("POST", "/v1/embeddings", {"model": STARTER, "input": "x"}, "openai"),
+    ("POST", "/api/embed", {"model": STARTER, "input": "x"}, "ollama"),
+    ("POST", "/api/embeddings", {"model": STARTER, "prompt": "x"}, "ollama"),
 ]
 IDS = [f"{method} {path}" for method, path, _, _ in ENDPOINTS]
 
@@ -43,6 +46,17 @@ def assert_error(response: httpx.Response, status: int, dialect: str) -> dict:
     else:
         assert isinstance(body["error"], str) and body["error"]
     return body
+
+
+def test_the_list_above_holds_every_route_that_needs_a_key():
+    from django.urls import resolve
+
+    from tests.appliance.routes import api_routes
+
+    keyed = {resolve(r.path).route for r in api_routes()
+             if r.path and r.policy is not None and r.policy.needs_key()}  # fmt: skip
+    listed = {resolve(path).route for _, path, _, _ in ENDPOINTS}
+    assert keyed <= listed, f"add these to ENDPOINTS: {sorted(keyed - listed)}"
 
 
 @pytest.mark.parametrize(("method", "path", "body", "dialect"), ENDPOINTS, ids=IDS)
