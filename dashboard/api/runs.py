@@ -16,6 +16,7 @@ from django.conf import settings
 from appliance.gate import arrived_wall
 from dashboard.api.errors import ApiError, from_event
 from dashboard.limits import api_streams
+from dashboard.wire import FirstOutput
 from inference.history import record_request
 from inference.models import LLMModel
 from inference.registry import UnknownModel, resolve, spec_for
@@ -63,6 +64,7 @@ class Run:
         self.source = source
         self.client_name = client_name
         self._stream = get_client().stream(self.generation, spec_for(model, min_ctx=min_ctx))
+        self.first_output = FirstOutput()  # a stream's writer stamps it (dashboard.wire)
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
@@ -125,6 +127,10 @@ class Run:
         elif event["type"] in ("done", "error"):
             self.final = event
 
+    def figures(self, figures: dict) -> dict:
+        """The engine's figures for this answer, with its TTFT at the wire when it streamed."""
+        return self.first_output.figures(figures, self.generation.accepted_perf())
+
     async def close(self) -> None:
         """Leave the stream (cancelling a generation still running) and store the record."""
         if self._closed:
@@ -146,6 +152,7 @@ class Run:
             outcome, error, figures = final["finish_reason"], "", final.get("figures") or {}
         else:
             outcome, error, figures = "error", final.get("message", ""), final.get("figures") or {}
+        figures = self.figures(figures)
         try:
             await sync_to_async(record_request)(
                 request_id=self.id, model_name=self.model.name, source=self.source,
