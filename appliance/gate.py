@@ -17,7 +17,8 @@ untouched.
 
 It also stamps the arrival time into the scope (ARRIVED_WALL, ARRIVED_PERF) and into a context
 variable, so that a generation's clock (TTFT, queue time) starts when the request reached the
-application, not when the view got round to it.
+application, not when the view got round to it. The chat socket stamps each frame it receives
+the same way (`arrival()`).
 
 `manage.py serve` runs uvicorn, which calls the application once the headers are in and streams
 the body to it, so the gate answers before an unwanted body is sent (tests/appliance). Daphne,
@@ -28,6 +29,8 @@ work after it.
 import contextvars
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from urllib.parse import quote
 
 from asgiref.sync import sync_to_async
@@ -52,8 +55,20 @@ UPLOAD_PATH = "/models/upload/"
 
 
 def arrived_wall() -> float | None:
-    """The wall-clock arrival of the HTTP request being handled, or None outside one."""
+    """The wall-clock arrival of the HTTP request or WebSocket frame being handled, or None
+    outside one."""
     return _arrived_wall.get()
+
+
+@contextmanager
+def arrival() -> Iterator[None]:
+    """Stamp the arrival of what is handled inside (a WebSocket frame), as the gate does for
+    an HTTP request; code run from here, in threads too (sync_to_async), reads it."""
+    token = _arrived_wall.set(time.time())
+    try:
+        yield
+    finally:
+        _arrived_wall.reset(token)
 
 
 def _is_api(path: str) -> bool:

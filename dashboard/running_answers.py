@@ -22,6 +22,7 @@ from django.utils import timezone
 from dashboard.chat_refused import ChatRefused
 from dashboard.limits import chat_answers
 from dashboard.models import Conversation, Message
+from dashboard.wire import FirstOutput
 from inference.engine.host import ModelSpec
 from inference.history import record_request
 from inference.serving.client import get_client
@@ -65,6 +66,7 @@ class Turn:
     thinking_started: float | None = None
     thinking_s: float | None = None  # from its first thought to its first word of answer
     status: dict | None = None  # the last phase or progress frame, for a socket that attaches
+    first_output: FirstOutput = field(default_factory=FirstOutput)  # stamped by the socket
     subscribers: list[Subscriber] = field(default_factory=list)
     task: asyncio.Task | None = None
     final: dict | None = None
@@ -217,6 +219,7 @@ def save_partial(message_id: int, content: str) -> None:
 def save_answer(turn: Turn, content: str, final: dict | None) -> dict:
     """Store the answer and its figures; returns the frame that ends the turn."""
     figures = dict((final or {}).get("figures") or {})
+    figures = turn.first_output.figures(figures, turn.generation.accepted_perf())
     if turn.prefix_tokens and figures.get("output_tokens") is not None:
         figures["answer_tokens"] = turn.prefix_tokens + figures["output_tokens"]
     if turn.thinking_s is not None:
