@@ -26,6 +26,7 @@ from django.contrib.auth import SESSION_KEY, get_user_model
 from django.contrib.sessions.backends.base import SessionBase
 from django.db import transaction
 
+from appliance.arrival import arrived_wall
 from dashboard import chat_prompt
 from dashboard.chat_refused import ChatRefused
 from dashboard.models import Conversation, Message, newest_leaf, versions
@@ -40,6 +41,12 @@ MAX_TITLE_CHARS = 200  # Conversation.title's column
 TITLE_CHARS = 60
 
 # --- 1. preparing a turn (sync: runs in a thread) ------------------------------------------------
+
+
+def _arrived() -> float:
+    """When the frame asking for this turn reached the socket (ChatConsumer stamps it): the
+    turn's clock starts there, before the checks and the prompt's rendering."""
+    return arrived_wall() or time.time()
 
 
 def _check_user(user_id: int, session: SessionBase | None) -> object:
@@ -164,7 +171,7 @@ def prepare_send(
     model_name: str | None,
     system_prompt: str | None,
 ) -> Turn:
-    arrived = time.time()  # the turn's clock starts before the checks and the prompt rendering
+    arrived = _arrived()
     user = _check_user(user_id, session)
     conversation = own_conversation(user, conversation_id) if conversation_id else None
     model = _model(model_name or (conversation.model_name if conversation else None))
@@ -185,7 +192,7 @@ def prepare_edit(
 ) -> Turn:  # fmt: skip
     """Ask an edited version of one of the branch's questions: a sibling of the old one, so the
     old question and everything after it stay as a version to flip back to."""
-    arrived = time.time()
+    arrived = _arrived()
     user = _check_user(user_id, session)
     conversation = own_conversation(user, conversation_id)
     conversation.adopt_linear()
@@ -203,7 +210,7 @@ def prepare_edit(
 def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversation_id: int) -> Turn:
     """A new answer to the branch's last question; the one it replaces stays as a version (or
     answer a last, unanswered question)."""
-    arrived = time.time()  # the turn's clock starts before the checks and the prompt rendering
+    arrived = _arrived()
     user = _check_user(user_id, session)
     conversation = own_conversation(user, conversation_id)
     conversation.adopt_linear()
@@ -237,7 +244,7 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
 def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_id: int) -> Turn:
     """Write on from the branch's last answer: the prompt is the conversation with that answer
     as the assistant's unfinished turn, and what the model writes is appended to it."""
-    arrived = time.time()
+    arrived = _arrived()
     user = _check_user(user_id, session)
     conversation = own_conversation(user, conversation_id)
     conversation.adopt_linear()

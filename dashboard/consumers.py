@@ -45,6 +45,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from appliance.arrival import arrival
 from dashboard import chat, running_answers
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
@@ -54,6 +55,7 @@ from inference.serving.feed import TELEMETRY_GROUP
 log = logging.getLogger(__name__)
 
 MAX_FRAME_CHARS = 1024 * 1024  # content is capped at 100k characters; JSON escapes can grow it
+OUTPUT_FRAMES = frozenset({"token", "thinking"})  # what the model wrote: the first one is its TTFT
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429
@@ -82,10 +84,12 @@ class _JsonConsumer(AsyncJsonWebsocketConsumer):
 class ChatConsumer(_JsonConsumer):
     """One browser tab. Turn frames go through an outbox that one task drains in order, so a
     turn never waits for a slow socket, and an attach's replay cannot interleave with live
-    frames."""
+    frames. The first output frame that a socket has sent stamps its turn's TTFT
+    (dashboard.wire)."""
 
     turn: running_answers.Turn | None = None  # the answer this socket watches (its own or attached)
-    outbox: asyncio.Queue | None = None
+    subscriber: running_answers.Subscriber | None = None  # how this socket watches it
+    outbox: asyncio.Queue | None = None  # (frame, the turn it belongs to or None)
     sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
 
@@ -110,17 +114,23 @@ class ChatConsumer(_JsonConsumer):
 
     async def _drain_outbox(self) -> None:
         while True:
-            frame = await self.outbox.get()
+            frame, turn = await self.outbox.get()
             try:
                 await self.send_json(frame)
             except Exception:  # noqa: BLE001 - the socket went away; the turn goes on
                 return
+            if turn is not None and frame.get("type") in OUTPUT_FRAMES:
+                turn.first_output.sent()  # written to the transport now
 
-    def post(self, frame: dict) -> None:
-        """A turn's frame for this socket (never blocks)."""
-        self.outbox.put_nowait(frame)
+    def post(self, frame: dict, turn: running_answers.Turn | None = None) -> None:
+        """A frame for this socket (never blocks); `turn`: the answer it is part of."""
+        self.outbox.put_nowait((frame, turn))
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        with arrival():  # a turn's clock starts now, as an HTTP request's at the gate
+            await self._receive(text_data)
+
+    async def _receive(self, text_data: str | None) -> None:
         if text_data is None:
             await self.send_error("invalid", "frames must be JSON text")
             return
@@ -237,10 +247,15 @@ class ChatConsumer(_JsonConsumer):
             raise chat.ChatRefused("busy", "an answer is still streaming; stop it first")
 
     def _watch(self, turn: running_answers.Turn, *, replay: bool) -> None:
-        if self.turn is not None:
-            self.turn.unsubscribe(self.post)
+        self._unwatch()
         self.turn = turn
-        turn.subscribe(self.post, replay=replay)
+        self.subscriber = lambda frame: self.post(frame, turn)
+        turn.subscribe(self.subscriber, replay=replay)
+
+    def _unwatch(self) -> None:
+        if self.turn is not None:
+            self.turn.unsubscribe(self.subscriber)
+            self.turn = self.subscriber = None
 
     def _start(self, turn: running_answers.Turn) -> None:
         self.post(turn.announcement())
@@ -249,9 +264,7 @@ class ChatConsumer(_JsonConsumer):
 
     async def disconnect(self, code) -> None:
         # The answer runs on to its end (and is saved); a new socket can attach to it.
-        if self.turn is not None:
-            self.turn.unsubscribe(self.post)
-            self.turn = None
+        self._unwatch()
         if self.sender is not None:
             self.sender.cancel()
             self.sender = None

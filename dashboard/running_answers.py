@@ -22,6 +22,7 @@ from django.utils import timezone
 from dashboard.chat_refused import ChatRefused
 from dashboard.limits import chat_answers
 from dashboard.models import Conversation, Message
+from dashboard.wire import FirstOutput
 from inference.engine import GenerationRequest
 from inference.engine.host import ModelSpec
 from inference.history import record_answer
@@ -65,6 +66,7 @@ class Turn:
     thinking_started: float | None = None
     thinking_s: float | None = None  # from its first thought to its first word of answer
     status: dict | None = None  # the last phase or progress frame, for a socket that attaches
+    first_output: FirstOutput = field(default_factory=FirstOutput)  # stamped by the socket
     subscribers: list[Subscriber] = field(default_factory=list)
     task: asyncio.Task | None = None
     final: dict | None = None
@@ -215,11 +217,15 @@ def save_partial(message_id: int, content: str) -> None:
 
 
 def save_answer(turn: Turn, content: str, final: dict | None) -> dict:
-    """Store the answer and its figures; returns the frame that ends the turn. `final` None:
-    the stream broke without a final event."""
+    """Store the answer and its figures (its TTFT as the page saw it, when a socket showed
+    it); returns the frame that ends the turn. `final` None: the stream broke without a final
+    event."""
     final = final or {"type": "error", "message": "the inference worker stopped answering"}
+    engine_figures = final.get("figures") or {}
+    final = {**final, "figures": turn.first_output.figures(engine_figures,
+                                                           turn.request.accepted_perf())}
     extra = {}
-    output_tokens = (final.get("figures") or {}).get("output_tokens")
+    output_tokens = engine_figures.get("output_tokens")
     if turn.prefix_tokens and output_tokens is not None:
         extra["answer_tokens"] = turn.prefix_tokens + output_tokens
     if turn.thinking_s is not None:

@@ -264,9 +264,12 @@ async def _lines(run: Run, name: str, key: str, parser: AnswerParser) -> AsyncIt
                     yield ndjson({"model": name, "created_at": now_iso(),
                                   **_piece(key, piece.content, thinking=piece.thinking),
                                   "done": False})  # fmt: skip
+                    run.first_output.sent()  # on the socket now: the TTFT (dashboard.wire)
             elif event["type"] == "done":
                 rest, calls = parser.finish()
                 yield ndjson(_last_line(name, key, rest.content, calls, event, rest.thinking))
+                if rest or calls:
+                    run.first_output.sent()
             elif event["type"] == "error":
                 yield ndjson(from_event(event).body("ollama"))
                 return

@@ -121,6 +121,9 @@ async def _chat_chunks(
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
         return sse(envelope.wrap([choice], **extra, **more))
 
+    # After each `yield` of output the chunk is on the socket: the first one is the TTFT
+    # (dashboard.wire).
+    sent = run.first_output.sent
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for event in run.events():
@@ -128,14 +131,17 @@ async def _chat_chunks(
                 delta = _delta(parser.feed(event["text"]))
                 if delta:
                     yield chunk(delta)
+                    sent()
             elif event["type"] == "done":
                 rest, calls = parser.finish()
                 delta = _delta(rest)
                 if delta:
                     yield chunk(delta)
+                    sent()
                 for index, call in enumerate(calls):
                     yield chunk({"tool_calls": [call.openai(index)]})
-                figures = event["figures"]
+                    sent()
+                figures = run.figures(event["figures"])
                 reason = "tool_calls" if calls else finish_reason(event["finish_reason"])
                 yield chunk({}, reason, timings=openai_timings(figures))
                 if include_usage:
@@ -196,8 +202,9 @@ async def _completion_chunks(
         async for event in run.events():
             if event["type"] == "token" and event["text"]:
                 yield chunk(event["text"])
+                run.first_output.sent()  # on the socket now (dashboard.wire)
             elif event["type"] == "done":
-                figures = event["figures"]
+                figures = run.figures(event["figures"])
                 yield chunk("", finish_reason(event["finish_reason"]),
                             timings=openai_timings(figures))  # fmt: skip
                 if include_usage:

@@ -16,6 +16,7 @@ from django.conf import settings
 from appliance.arrival import arrived_wall
 from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.limits import api_streams
+from dashboard.wire import FirstOutput
 from inference.catalog import UnknownModel, request_for, resolve, spec_for
 from inference.engine import GenerationRequest, InvalidParams
 from inference.history import record_answer
@@ -61,6 +62,7 @@ class Run:
         self.source = source
         self.client_name = client_name
         self._stream = get_client().stream(request, spec_for(model, min_ctx=min_ctx))
+        self.first_output = FirstOutput()  # a stream's writer stamps it (dashboard.wire)
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
@@ -123,6 +125,10 @@ class Run:
         elif event["type"] in ("done", "error"):
             self.final = event
 
+    def figures(self, figures: dict) -> dict:
+        """The engine's figures for this answer, with its TTFT at the wire when it streamed."""
+        return self.first_output.figures(figures, self.request.accepted_perf())
+
     async def close(self) -> None:
         """Leave the stream (cancelling a generation still running) and store the record."""
         if self._closed:
@@ -136,9 +142,12 @@ class Run:
             await self._record()
 
     async def _record(self) -> None:
+        final = self.final
+        if final is not None:  # its TTFT as the client saw it, when it streamed
+            final = {**final, "figures": self.figures(final.get("figures") or {})}
         try:
             await sync_to_async(record_answer)(
-                self.request, self.final, source=self.source, client=self.client_name,
+                self.request, final, source=self.source, client=self.client_name,
                 left="the client disconnected before the answer ended",
                 counted={"output_tokens": self.output_tokens},
             )  # fmt: skip

@@ -470,10 +470,8 @@ class Engine:
         if times:
             self.telemetry.record_token_gap(sent - times[-1], at=sent)
         times.append(sent)
-        if len(times) == 1:
-            self.telemetry.record_first_token(
-                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0, at=sent
-            )
+        if text:
+            self._text_sent(request, sent)
         self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1))
         if stream.stopped:
             self._finish(request, "stop")
@@ -491,6 +489,8 @@ class Engine:
         request.status = status
         request.finish_reason = reason
         request.finished_at = time.perf_counter()
+        if tail:
+            self._text_sent(request, request.finished_at)
         if request.admitted_at is None:
             with self._pending_lock:
                 self._pending -= 1
@@ -531,3 +531,11 @@ class Engine:
         handle = self._handles.get(request.id)
         if handle is not None:
             handle.deliver(event)
+
+    def _text_sent(self, request: Request, at: float) -> None:
+        """Text of the answer leaves; the first time, that is its TTFT."""
+        if request.first_text_at is None:
+            request.first_text_at = at
+            self.telemetry.record_first_token(
+                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0, at=at
+            )

@@ -57,6 +57,9 @@ class Request:
     admitted_at: float | None = None
     prefill_started_at: float | None = None
     token_times: list[float] = field(default_factory=list)  # when each output token was sent
+    # When its first text was sent: a token can carry part of a character, or text that may
+    # begin a stop string, and then nothing is sent until a later token completes it.
+    first_text_at: float | None = None
     finished_at: float | None = None
     prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)
 
@@ -96,7 +99,9 @@ class Request:
 
     @property
     def ttft(self) -> float | None:
-        return self.token_times[0] - self.accepted_at if self.token_times else None
+        """Accepted → first output sent: the first text; without any, the first token."""
+        first = self.first_text_at or (self.token_times[0] if self.token_times else None)
+        return None if first is None else first - self.accepted_at
 
     @property
     def itls(self) -> list[float]:

@@ -134,6 +134,31 @@ def test_a_character_split_over_two_tokens_is_streamed_whole(make_engine):
     assert events[-1].text == "café"
 
 
+def decode_start(figures: dict) -> float:
+    return next(span["start"] for span in figures["timeline"] if span["phase"] == "decode")
+
+
+def test_the_ttft_is_the_first_text_sent_not_the_first_token_sampled(make_engine):
+    engine, fake = make_engine(FakeRunner(overhead=0.001))
+    fake.scripts["plain"] = char_tokens("ok")
+    fake.scripts["emoji"] = byte_tokens("🌟ok")  # four tokens before the first character
+    plain = engine.submit(ask("hi", greedy(3), request_id="plain")).result(timeout=TIMEOUT).figures
+    emoji = engine.submit(ask("hi", greedy(6), request_id="emoji")).result(timeout=TIMEOUT).figures
+    assert plain["ttft"] == pytest.approx(decode_start(plain))  # its first token had text
+    assert emoji["ttft"] > decode_start(emoji) + 3 * 0.001  # three more steps
+    assert engine.snapshot()["histograms"]["ttft"]["count"] == 2
+
+
+def test_text_held_back_to_the_end_is_sent_then_and_that_is_the_ttft(make_engine):
+    engine, fake = make_engine(FakeRunner(overhead=0.001))
+    fake.scripts["r"] = char_tokens("ab")  # all of it may begin the stop string
+    events = collect(engine.submit(ask("hi", greedy(2, stop=["abc"]), request_id="r")))
+    assert [e.text for e in tokens_of(events)] == ["", "", "ab"]
+    f = events[-1].figures
+    assert f["ttft"] == pytest.approx(f["total_time"])
+    assert engine.snapshot()["histograms"]["ttft"]["count"] == 1
+
+
 # --- limits ----------------------------------------------------------------------------------
 
 
