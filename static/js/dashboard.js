@@ -277,8 +277,9 @@
     const within = bound.filter((t) => t <= targetMs).length;
     const span = s.ago[0] - s.ago[n - 1];
     const models = all.reduce((acc, p) => acc + Object.keys(p.models).length, 0);
-    let targetPart = bound.length ? Math.round((100 * within) / bound.length) + "% within the target" : "the target bound no step";
-    if (s.interactive && bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
+    let targetPart = Math.round((100 * within) / Math.max(1, bound.length)) + "% within the target";
+    if (!bound.length) targetPart = "no interactive stream in any of them: the target did not bind";
+    else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
     const pausedMost = s.paused ? Math.max(0, ...s.paused) : 0;
     text("steps-summary", (models > 1 ? best.name + " · " : "") + "last " + count(n, "step") + " over " + duration(span) +
       " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " + targetPart +
@@ -363,7 +364,7 @@
     if (!reported.length) return null;
     const merged = new Map();
     reported.flat().forEach((row) => {
-      const key = row.priority + "\u0000" + row.share;
+      const key = JSON.stringify([row.share, row.priority]);
       const into = merged.get(key);
       if (!into) { merged.set(key, { ...row }); return; }
       ["running", "waiting", "paused", "tokens_recent"].forEach((k) => { into[k] += row[k]; });

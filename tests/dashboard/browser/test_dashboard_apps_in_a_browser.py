@@ -202,6 +202,13 @@ def test_the_dashboard_shows_each_app_and_priority_and_marks_background_steps(
     shot(page.locator(".steps-card"), artifacts, "dashboard-apps-steps-dark.png")
     dash.feed(fed, times=1)
     shot(card, artifacts, "dashboard-apps-table-dark.png")
+
+    # The flood alone: no step was held to the target, and the summary says so, not "0 %".
+    flood = engine_with_fair_share()
+    flood["steps"]["interactive"] = [0] * STEPS
+    dash.feed(frame(flood, APPS), times=2)
+    expect(page.locator("#steps-summary")).to_contain_text(
+        "no interactive stream in any of them: the target did not bind")
     assert dash.errors == []
     page.close()
 
