@@ -49,7 +49,8 @@ from appliance.arrival import arrival
 from dashboard import chat, running_answers
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
-from dashboard.web.panels import panels
+from dashboard.web.panels import panels, shares_in
+from dashboard.web.share_names import share_names_async
 from inference.serving.feed import TELEMETRY_GROUP
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,8 @@ def _optional_str(frame: dict, key: str, limit: int) -> str | None:
 
 
 class TelemetryConsumer(_JsonConsumer):
-    """Relays group "telemetry" to staff dashboards as {"type": "snapshot", "panels": {...}}."""
+    """Relays group "telemetry" to staff dashboards as {"type": "snapshot", "panels": {...}},
+    with the names of the apps and people the engines name only by id (panels["apps"])."""
 
     joined = False
 
@@ -343,4 +345,6 @@ class TelemetryConsumer(_JsonConsumer):
         snapshot = message.get("snapshot")
         if not isinstance(snapshot, dict):
             return
-        await self.send_json({"type": "snapshot", "panels": panels(snapshot)})
+        result = panels(snapshot)
+        result["apps"] = await share_names_async(shares_in(result))
+        await self.send_json({"type": "snapshot", "panels": result})

@@ -5,6 +5,12 @@ this process only translates the latest snapshot of each worker into metric fami
 the same whether the engine runs in this process or on another box. Names follow vLLM's, under
 an `appliance_` prefix; docs/metrics.md lists them. Counters restart from zero when a model is
 reloaded, which Prometheus' rate() treats as a counter reset.
+
+TTFT and ITL carry a `priority` label (interactive or background, never more values: no label
+per key or user). An engine that reports them by priority (snapshot["by_priority"]) exports one
+series per priority, which add up to all its requests, and no unlabelled total beside them (a
+sum over the family would count every request twice); an engine from before priorities exports
+its one histogram with `priority` empty, which Prometheus stores as no label at all.
 """
 
 import asyncio
@@ -21,6 +27,8 @@ from dashboard.api.auth import api_endpoint
 from inference.serving.client import get_client
 
 MODEL = ["worker", "model"]
+PRIORITIES = ("interactive", "background")
+BY_PRIORITY = ("ttft", "itl")  # the histograms with a `priority` label
 
 # engine snapshot histogram → (metric name, help)
 HISTOGRAMS = {
@@ -61,6 +69,38 @@ def _buckets(histogram: dict) -> list[tuple[str, float]]:
     return [(floatToGoString(le), float(count)) for le, count in pairs]
 
 
+def _histogram(raw) -> dict | None:
+    """An engine histogram (inference.engine.telemetry._Histogram.export) fit to export, or
+    None: a malformed one is left out rather than failing the whole scrape."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("sum"), int | float):
+        return None
+    buckets, cumulative = raw.get("buckets"), raw.get("cumulative")
+    if not isinstance(buckets, list) or not isinstance(cumulative, list):
+        return None
+    return raw if buckets and len(buckets) == len(cumulative) else None
+
+
+def _series(engine: dict, key: str) -> list[tuple[list[str], dict]]:
+    """(extra label values, histogram) for each series of the engine's `key` histogram. TTFT
+    and ITL: one per priority when the engine reports each of them, else its one histogram with
+    the priority empty."""
+    whole = _histogram(_field(engine, "histograms", key))
+    if key not in BY_PRIORITY:
+        return [([], whole)] if whole else []
+    split = [
+        (p, _histogram(_field(engine, "by_priority", p, "histograms", key))) for p in PRIORITIES
+    ]
+    if all(histogram is not None for _, histogram in split):
+        return [([priority], histogram) for priority, histogram in split]  # type: ignore[misc]
+    return [([""], whole)] if whole else []
+
+
+def _field(raw, *path):
+    for key in path:
+        raw = raw.get(key) if isinstance(raw, dict) else None
+    return raw
+
+
 class SnapshotCollector:
     """Metric families from `source()`: one telemetry snapshot per inference worker."""
 
@@ -69,8 +109,12 @@ class SnapshotCollector:
 
     def collect(self) -> Iterator:
         snapshots = self.source()
-        histograms = {key: HistogramMetricFamily(name, doc, labels=MODEL)
-                      for key, (name, doc) in HISTOGRAMS.items()}  # fmt: skip
+        histograms = {
+            key: HistogramMetricFamily(
+                name, doc, labels=[*MODEL, "priority"] if key in BY_PRIORITY else MODEL
+            )
+            for key, (name, doc) in HISTOGRAMS.items()
+        }
         totals = {key: CounterMetricFamily(name, doc, labels=MODEL)
                   for key, (name, doc) in TOTALS.items()}  # fmt: skip
         gauges = {key: GaugeMetricFamily(name, doc, labels=MODEL)
@@ -107,9 +151,8 @@ class SnapshotCollector:
             for model, engine in (snap.get("models") or {}).items():
                 labels = [worker, model]
                 for key, family in histograms.items():
-                    histogram = (engine.get("histograms") or {}).get(key)
-                    if histogram:
-                        family.add_metric(labels, _buckets(histogram), histogram["sum"])
+                    for extra, histogram in _series(engine, key):
+                        family.add_metric([*labels, *extra], _buckets(histogram), histogram["sum"])
                 for key, family in totals.items():
                     family.add_metric(labels, (engine.get("totals") or {}).get(key, 0))
                 for key, family in gauges.items():

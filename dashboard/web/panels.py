@@ -8,7 +8,14 @@ JSON of known shapes, whatever a worker sent.
 The "now" figures (inference.engine.telemetry): `now` is throughput over the last seconds;
 `windows` has, per window the page can select (30 s, 5 min, 1 h), throughput, TTFT/ITL
 percentiles and a 30-point chart; `steps` is what each recent engine step carried; `streams`
-is each running request's live progress.
+is each running request's live progress; `shares` is, per share (whose turn a request takes: an
+app's key, an Open WebUI user behind a key, a person on the chat page) and priority, what it has
+running, waiting and paused and the tokens it was served over the telemetry window. A share is an
+id ("apikey:3"); the consumer adds the names (dashboard.web.share_names) as `apps`.
+
+Engines from before fair share send no `shares`, no step columns `background`, `interactive` and
+`paused`, no `share` or `paused` on a stream: those read as None (absent) or their neutral value,
+and the page shows what it showed before.
 """
 
 import math
@@ -19,8 +26,13 @@ SERIES_COLUMNS = ("prompt_tps", "output_tps", "ttft_p50", "ttft_p95", "ttft_p99"
                   "itl_p50", "itl_p95", "itl_p99")  # fmt: skip
 SERIES_POINTS = 30
 STEP_COLUMNS = ("ago", "decode", "prompt", "ms", "seqs")
+# Step columns of an engine with priorities; None in the panel when an engine sends none.
+PRIORITY_STEP_COLUMNS = ("background", "interactive", "paused")
 MAX_STEPS = 300
 MAX_STREAMS = 64
+MAX_SHARES = 64  # an engine sends at most 32; a worker with two models may have twice that
+MAX_SHARE_CHARS = 200  # a share id; an Open WebUI user id comes from a header
+PRIORITIES = ("interactive", "background")
 
 # RunnerState["state"] (inference.serving.supervisor); anything else from a snapshot is shown as
 # "unknown" rather than trusted as text for the page.
@@ -69,11 +81,18 @@ class Steps(TypedDict):
     prompt: list[int]  # prompt tokens it carried (chunks of prompts being read)
     ms: list[float]  # how long it ran
     seqs: list[int]  # sequences in its batch
+    # None from an engine without priorities:
+    background: list[int] | None  # of its decode tokens, those of background streams
+    interactive: list[int] | None  # 1: an interactive stream was in it (the ITL target bound)
+    paused: list[int] | None  # requests paused while it ran
 
 
 class StreamPanel(TypedDict):
     id: str
     phase: str  # "prefilling" or "decoding"
+    priority: str  # "interactive" or "background"
+    share: str | None  # whose turn it takes ("apikey:3"); None: not said
+    paused: bool
     prompt_tokens: int
     cached_tokens: int
     computed: int
@@ -82,6 +101,17 @@ class StreamPanel(TypedDict):
     tps: float | None
     last_token_ago: float | None
     age: float
+
+
+class SharePanel(TypedDict):
+    """One share at one priority: what it has in the engine now, and what it was served."""
+
+    share: str | None
+    priority: str
+    running: int
+    waiting: int
+    paused: int
+    tokens_recent: int  # prompt + output tokens served to it over the telemetry window
 
 
 class ModelPanel(TypedDict):
@@ -104,6 +134,8 @@ class ModelPanel(TypedDict):
     windows: dict[str, WindowPanel]
     steps: Steps
     streams: list[StreamPanel]
+    shares: list[SharePanel] | None  # None: an engine that does not report shares
+    window_s: float  # the telemetry window tokens_recent covers
 
 
 class GpuPanel(TypedDict):
@@ -160,6 +192,8 @@ class Panels(TypedDict):
     now: dict[str, float]
     windows: dict[str, WindowPanel]  # summed over models: throughput added, latency worst
     streams: list[StreamPanel]
+    shares: list[SharePanel] | None  # summed over models per share and priority
+    apps: dict[str, str]  # share → the name shown, added by the consumer (empty here)
     cpu_percent: float | None
     cpu_count: int | None
     memory: MemoryPanel
@@ -232,11 +266,29 @@ def window_panel(raw) -> WindowPanel:
 def steps_panel(raw) -> Steps:
     raw = raw if isinstance(raw, dict) else {}
     columns = {key: _number_list(raw.get(key), MAX_STEPS) for key in STEP_COLUMNS}
+    optional = [key for key in PRIORITY_STEP_COLUMNS if isinstance(raw.get(key), list)]
+    columns.update({key: _number_list(raw.get(key), MAX_STEPS) for key in optional})
     n = min(len(column) for column in columns.values())  # ragged columns: the common tail
-    steps = {key: column[len(column) - n :] for key, column in columns.items()}
+    steps: dict = {key: None for key in PRIORITY_STEP_COLUMNS}
+    steps.update({key: column[len(column) - n :] for key, column in columns.items()})
     for key in ("decode", "prompt", "seqs"):
         steps[key] = [int(v) for v in steps[key]]
+    for key in optional:
+        steps[key] = [max(0, int(v)) for v in steps[key]]
+    if steps["background"] is not None:  # a part of the step's decode tokens
+        pairs = zip(steps["background"], steps["decode"], strict=True)
+        steps["background"] = [min(b, d) for b, d in pairs]
+    if steps["interactive"] is not None:
+        steps["interactive"] = [min(1, v) for v in steps["interactive"]]
     return steps  # type: ignore[return-value]
+
+
+def _share(value) -> str | None:
+    return value[:MAX_SHARE_CHARS] if isinstance(value, str) and value else None
+
+
+def _priority(value) -> str:
+    return value if value in PRIORITIES else "interactive"
 
 
 def stream_panel(raw: dict) -> StreamPanel:
@@ -244,6 +296,9 @@ def stream_panel(raw: dict) -> StreamPanel:
     return {
         "id": (_text(raw.get("id")) or "")[:8],
         "phase": phase if phase in ("prefilling", "decoding") else "prefilling",
+        "priority": _priority(raw.get("priority")),
+        "share": _share(raw.get("share")),
+        "paused": raw.get("paused") is True,
         "prompt_tokens": _int(raw.get("prompt_tokens")),
         "cached_tokens": _int(raw.get("cached_tokens")),
         "computed": _int(raw.get("computed")),
@@ -255,10 +310,37 @@ def stream_panel(raw: dict) -> StreamPanel:
     }
 
 
+def share_panel(raw: dict) -> SharePanel:
+    return {
+        "share": _share(raw.get("share")),
+        "priority": _priority(raw.get("priority")),
+        "running": _int(raw.get("running")),
+        "waiting": _int(raw.get("waiting")),
+        "paused": _int(raw.get("paused")),
+        "tokens_recent": _int(raw.get("tokens_recent")),
+    }
+
+
+def merged_shares(rows: list[SharePanel]) -> list[SharePanel]:
+    """Rows of several models added up per share and priority, in a stable order (by share,
+    interactive first) so that the table does not reshuffle a few times a second."""
+    merged: dict[tuple, SharePanel] = {}
+    for row in rows:
+        key = (row["share"], row["priority"])
+        if key not in merged:
+            merged[key] = {**row}
+            continue
+        for field in ("running", "waiting", "paused", "tokens_recent"):
+            merged[key][field] += row[field]  # type: ignore[literal-required]
+    order = sorted(merged, key=lambda k: (k[0] is None, k[0] or "", PRIORITIES.index(k[1])))
+    return [merged[key] for key in order][:MAX_SHARES]
+
+
 def model_panel(snapshot: dict) -> ModelPanel:
     now = snapshot.get("now") if isinstance(snapshot.get("now"), dict) else {}
     windows = snapshot.get("windows") if isinstance(snapshot.get("windows"), dict) else {}
     streams = snapshot.get("streams") if isinstance(snapshot.get("streams"), list) else []
+    shares = snapshot.get("shares") if isinstance(snapshot.get("shares"), list) else None
     return {
         "prompt_tps": _number(snapshot.get("prompt_tps")),
         "output_tps": _number(snapshot.get("output_tps")),
@@ -282,6 +364,12 @@ def model_panel(snapshot: dict) -> ModelPanel:
         "windows": {key: window_panel(windows.get(key)) for key in WINDOWS},
         "steps": steps_panel(snapshot.get("steps")),
         "streams": [stream_panel(row) for row in streams[:MAX_STREAMS] if isinstance(row, dict)],
+        "shares": (
+            None
+            if shares is None
+            else merged_shares([share_panel(row) for row in shares if isinstance(row, dict)])
+        ),
+        "window_s": _number(snapshot.get("window_s"), 10.0),
     }
 
 
@@ -418,9 +506,21 @@ def panels(snapshot: dict) -> Panels:
             for key in WINDOWS
         },
         "streams": [{**row, "model": name} for name, m in models.items() for row in m["streams"]],  # type: ignore[misc]
+        "shares": (
+            merged_shares([row for m in models.values() for row in m["shares"] or []])
+            if any(m["shares"] is not None for m in models.values())
+            else None
+        ),
+        "apps": {},
         "cpu_percent": _number(system.get("cpu_percent"), None),
         "cpu_count": _int(system["cpu_count"]) if system.get("cpu_count") else None,
         "memory": memory_panel(system),
         "models": models,
         "runners": sorted(runners, key=lambda r: r["model"]),
     }
+
+
+def shares_in(result: Panels) -> set[str]:
+    """The share ids the panels mention: the ones the page needs names for."""
+    rows = [*(result["shares"] or []), *result["streams"]]
+    return {row["share"] for row in rows if row["share"] is not None}

@@ -50,7 +50,8 @@
 
   const COLORS = { prompt: "#2f6fde", output: "#d9480f", p50: "#2b8a3e", p95: "#e8a100", p99: "#c92a2a",
     queue: "#7048e8", active: "#0c8599", used: "#d9480f", own: "#2f6fde", total: "#868e96", kv: "#7048e8",
-    cpu: "#2b8a3e", decode: "#d9480f", step: "#7048e8", target: "#c92a2a" };
+    cpu: "#2b8a3e", decode: "#d9480f", background: "#f2a77e", step: "#7048e8", target: "#c92a2a",
+    unbound: "rgba(134, 142, 150, 0.16)" };
   const AXIS = "#868e96";
 
   // A y axis as wide as its longest label, so "12.5 s" or "1,200" is never clipped.
@@ -145,7 +146,9 @@
 
   // A few steps are drawn as narrow bars on the right, not as slabs; fewer slots on a phone.
   const STEP_SLOTS_MIN = document.getElementById("c-steps").clientWidth < 500 ? 24 : 60;
-  let steps = { ago: [], decode: [], prompt: [], ms: [], seqs: [], target: null, model: "" };
+  // background, interactive and paused: null from an engine without priorities.
+  const NO_STEPS = { ago: [], decode: [], prompt: [], ms: [], seqs: [], background: null, interactive: null, paused: null };
+  let steps = { ...NO_STEPS, target: null, model: "" };
 
   const stepsElement = $("c-steps");
   const stepsPlot = new uPlot({
@@ -181,11 +184,29 @@
         paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
       { label: "decode tokens", scale: "tok", fill: COLORS.decode, stroke: COLORS.decode, width: 0,
         paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
+      { label: "background decode tokens", scale: "tok", fill: COLORS.background, stroke: COLORS.background, width: 0,
+        paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
       { label: "step time", scale: "ms", stroke: COLORS.step, width: 1.5, spanGaps: true,
         points: { show: (u) => steps.ago.length < 90, size: 4, fill: COLORS.step } },
     ],
-    hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], draw: [drawTarget] },
-  }, [[], [], [], []], stepsElement);
+    hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], drawAxes: [drawUnbound], draw: [drawTarget] },
+  }, [[], [], [], [], []], stepsElement);
+
+  // Behind the bars: the steps that carried no interactive stream, where the ITL target did not
+  // bind (background work alone runs at the machine's best batch size, not under the target).
+  function drawUnbound(u) {
+    if (!steps.interactive) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.fillStyle = COLORS.unbound;
+    steps.interactive.forEach((bound, i) => {
+      if (bound) return;
+      const left = Math.max(u.bbox.left, u.valToPos(i - 0.5, "x", true));
+      const right = Math.min(u.bbox.left + u.bbox.width, u.valToPos(i + 0.5, "x", true));
+      if (right > left) ctx.fillRect(left, u.bbox.top, right - left, u.bbox.height);
+    });
+    ctx.restore();
+  }
 
   // The ITL target across the whole plot, on the step-time axis: a step above it made every
   // writing stream wait longer than the target for its next token.
@@ -211,12 +232,15 @@
       return;
     }
     const d = steps.decode[i], p = steps.prompt[i], t = steps.ms[i];
+    const background = steps.background ? steps.background[i] : 0;
     const parts = [];
-    if (d) parts.push(count(d, "decode token") + " (" + count(d, "stream") + " writing)");
+    if (d) parts.push(count(d, "decode token") + " (" + count(d, "stream") + " writing" + (background ? ", " + background + " of them background" : "") + ")");
     if (p) parts.push(count(p, "prompt token") + " of a prompt being read");
-    const target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
+    let target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
+    if (steps.interactive && !steps.interactive[i]) target = "; no interactive stream, so the ITL target did not bind";
+    const paused = steps.paused && steps.paused[i] ? " · " + count(steps.paused[i], "request") + " paused" : "";
     box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + " · ran " +
-      msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch.";
+      msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch" + paused + ".";
   }
 
   function drawSteps(all) {
@@ -231,8 +255,9 @@
     const targetMs = best && best.m.itl_target ? best.m.itl_target * 1000 : config.itl_target_ms;
     text("steps-target", Math.round(targetMs) + " ms");
     if (!best) {
-      steps = { ago: [], decode: [], prompt: [], ms: [], seqs: [], target: targetMs, model: "" };
-      stepsPlot.setData([[], [], [], []]);
+      steps = { ...NO_STEPS, target: targetMs, model: "" };
+      stepsPlot.setData([[], [], [], [], []]);
+      legendFor(steps);
       text("steps-summary", "no engine step in the last minute: nothing is running");
       return;
     }
@@ -242,15 +267,30 @@
     const x = s.ago.map((_, i) => i);
     const total = s.decode.map((d, i) => d + s.prompt[i] || null);
     const decode = s.decode.map((d) => d || null);
-    stepsPlot.setData([x, total, decode, s.ms]);
+    const background = (s.background || []).map((b) => b || null);
+    stepsPlot.setData([x, total, decode, background, s.ms]);
+    legendFor(s);
     const withPrompt = s.prompt.filter((p) => p > 0).length;
     const mixed = s.prompt.filter((p, i) => p > 0 && s.decode[i] > 0).length;
-    const within = s.ms.filter((t) => t <= targetMs).length;
+    // The target counts only where it bound: a step of background work alone was not held to it.
+    const bound = s.interactive ? s.ms.map((t, i) => s.interactive[i] ? t : null).filter((t) => t !== null) : s.ms;
+    const within = bound.filter((t) => t <= targetMs).length;
     const span = s.ago[0] - s.ago[n - 1];
     const models = all.reduce((acc, p) => acc + Object.keys(p.models).length, 0);
+    let targetPart = Math.round((100 * within) / Math.max(1, bound.length)) + "% within the target";
+    if (!bound.length) targetPart = "no interactive stream in any of them: the target did not bind";
+    else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
+    const pausedMost = s.paused ? Math.max(0, ...s.paused) : 0;
     text("steps-summary", (models > 1 ? best.name + " · " : "") + "last " + count(n, "step") + " over " + duration(span) +
-      " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " +
-      Math.round((100 * within) / n) + "% within the target");
+      " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " + targetPart +
+      (pausedMost ? " · up to " + count(pausedMost, "request") + " paused" : ""));
+  }
+
+  // The legend names background tokens and unbound steps only when the engine reports them.
+  function legendFor(s) {
+    $("legend-background").hidden = !s.background;
+    $("legend-unbound").hidden = !s.interactive;
+    $("note-unbound").hidden = !s.interactive;
   }
 
   window.addEventListener("resize", () => {
@@ -311,7 +351,25 @@
       kv_fill: all.length ? Math.max(...all.map((p) => p.kv_fill || 0)) : 0,
       cpu: cpu.length ? cpu.reduce((a, b) => a + b, 0) / cpu.length : null,
       streams: all.flatMap((p) => p.streams || []),
+      shares: combineShares(all),
+      apps: Object.assign({}, ...all.map((p) => p.apps || {})),
+      window_s: Math.max(0, ...models.map((m) => m.window_s || 0)) || 10,
     };
+  }
+
+  // Every worker's shares added up per share and priority; null when no engine reports them
+  // (an engine from before fair share): the page then shows no table for them.
+  function combineShares(all) {
+    const reported = all.map((p) => p.shares).filter((list) => Array.isArray(list));
+    if (!reported.length) return null;
+    const merged = new Map();
+    reported.flat().forEach((row) => {
+      const key = JSON.stringify([row.share, row.priority]);
+      const into = merged.get(key);
+      if (!into) { merged.set(key, { ...row }); return; }
+      ["running", "waiting", "paused", "tokens_recent"].forEach((k) => { into[k] += row[k]; });
+    });
+    return [...merged.values()];
   }
 
   function memoryTotals(all) {
@@ -424,27 +482,92 @@
 
   // --- the streams answering now -----------------------------------------------------------
 
-  function drawStreams(streams, several) {
+  // A share's name: the consumer sends the names of the ids it saw (panels.apps); an id it
+  // could not name reads as it is, a request that names nobody as "–".
+  const appName = (share, apps) => (share === null || share === undefined ? "–" : apps[share] || share);
+
+  function priorityCell(row, priority) {
+    const td = cell(row, "");
+    const badge = document.createElement("span");
+    badge.className = "prio prio-" + priority;
+    badge.textContent = priority;
+    td.append(badge);
+    return td;
+  }
+
+  function drawStreams(streams, several, apps) {
     const body = $("streams");
     body.replaceChildren();
     if (!streams.length) {
       const row = document.createElement("tr");
-      cell(row, "Nothing is running.", "muted").colSpan = 7;
+      cell(row, "Nothing is running.", "muted").colSpan = 9;
       body.append(row);
       return;
     }
     streams.forEach((s) => {
       const row = document.createElement("tr");
+      if (s.paused) row.className = "paused";
       cell(row, (several ? s.model + " · " : "") + s.id);
-      cell(row, s.phase === "decoding" ? "writing" : "reading the prompt");
+      cell(row, appName(s.share, apps), "app");
+      priorityCell(row, s.priority);
+      const doing = s.phase === "decoding" ? "writing" : "reading the prompt";
+      cell(row, s.paused ? "paused while " + doing : doing, s.paused ? "state-paused" : "");
       cell(row, s.computed + " / " + s.prompt_tokens + (s.cached_tokens ? " (" + s.cached_tokens + " cached)" : ""), "num");
       cell(row, s.output_tokens + (s.max_tokens ? " / " + s.max_tokens : ""), "num");
       const live = cell(row, s.phase === "decoding" ? tps(s.tps) : "–", "num live-tps");
-      if (s.phase === "decoding" && !none(s.last_token_ago) && s.last_token_ago > 1) live.classList.add("stalled");
+      // A paused stream waits by design: its silence is not a stall.
+      if (s.phase === "decoding" && !s.paused && !none(s.last_token_ago) && s.last_token_ago > 1) live.classList.add("stalled");
       cell(row, s.phase === "decoding" ? ms(s.last_token_ago) + " ago" : "–", "num");
       cell(row, duration(s.age), "num");
       body.append(row);
     });
+  }
+
+  // --- apps and people: each share at each priority ---------------------------------------------
+
+  function drawShares(shares, apps, windowSeconds) {
+    const card = $("shares-card");
+    card.hidden = shares === null;
+    if (shares === null) return;
+    text("shares-tokens-head", "tokens, last " + duration(windowSeconds));
+    const body = $("shares");
+    body.replaceChildren();
+    const total = shares.reduce((acc, r) => acc + r.tokens_recent, 0);
+    const order = { interactive: 0, background: 1 };
+    const rows = shares.map((r) => ({ ...r, name: r.share === null ? "no app or person named" : appName(r.share, apps) }))
+      .sort((a, b) => a.name.localeCompare(b.name) || order[a.priority] - order[b.priority]);
+    if (!rows.length) {
+      const row = document.createElement("tr");
+      cell(row, "No app or person has been served in the last " + duration(windowSeconds) + ".", "muted").colSpan = 7;
+      body.append(row);
+    }
+    rows.forEach((r) => {
+      const row = document.createElement("tr");
+      cell(row, r.name, r.share === null ? "app muted" : "app").title = r.share || "";
+      priorityCell(row, r.priority);
+      const part = total ? r.tokens_recent / total : 0;
+      const td = cell(row, "", "share-col");
+      const track = document.createElement("span");
+      track.className = "share-track";
+      const fill = document.createElement("span");
+      fill.className = "share-fill prio-fill-" + r.priority;
+      fill.style.width = (100 * part).toFixed(1) + "%";
+      track.append(fill);
+      const value = document.createElement("span");
+      value.className = "share-value";
+      value.textContent = total ? Math.round(100 * part) + "%" : "–";
+      td.append(track, value);
+      cell(row, String(r.running), "num");
+      cell(row, String(r.waiting), "num");
+      cell(row, String(r.paused), "num" + (r.paused ? " state-paused" : ""));
+      cell(row, String(r.tokens_recent), "num");
+      body.append(row);
+    });
+    const running = rows.reduce((acc, r) => acc + r.running, 0);
+    const waiting = rows.reduce((acc, r) => acc + r.waiting, 0);
+    const paused = rows.reduce((acc, r) => acc + r.paused, 0);
+    text("shares-summary", "per app key or person, and per priority · " + running + " running · " + waiting +
+      " waiting · " + paused + " paused · " + total + " tokens served in the last " + duration(windowSeconds));
   }
 
   // --- tiles ---------------------------------------------------------------------------------
@@ -492,7 +615,8 @@
     // No worker reports: nothing runs that this page can see, so "now" reads 0, not the last value.
     drawTiles({ now: { prompt_tps: 0, output_tps: 0 }, window: null, queue_depth: 0, active_sequences: 0,
       prefilling: 0, decoding: 0, kv_fill: 0, cpu: null, panels: [] });
-    drawStreams([], false);
+    drawStreams([], false, {});
+    drawShares(null, {}, 10);
     drawSteps([]);
   }
 
@@ -514,7 +638,8 @@
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
     drawMemory(a.panels, totals);
     drawRunners();
-    drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1);
+    drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1, a.apps);
+    drawShares(a.shares, a.apps, a.window_s);
     drawSteps(a.panels);
 
     // The page's own samples, then every chart drawn over the chosen window.

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 PANEL_FIELDS = {
     "worker", "mode", "time", "loading", "loaded", "prompt_tps", "output_tps", "ttft", "itl",
     "queue_depth", "active_sequences", "kv_fill", "cpu_percent", "memory", "models", "finished",
-    "now", "windows", "streams",
+    "now", "windows", "streams", "shares", "apps",
 }  # fmt: skip
 
 
@@ -94,7 +94,7 @@ async def test_the_throughput_panels_show_a_chat_that_just_ran(
         assert window["itl"]["p50"] > 0 and len(window["series"]["output_tps"]) == 30
     steps = model["steps"]
     assert sum(steps["prompt"]) > 0 and sum(steps["decode"]) > 0
-    assert len(set(map(len, steps.values()))) == 1
+    assert len({len(column) for column in steps.values() if column is not None}) == 1
     assert panels["streams"] == []  # it has ended: nothing is listed as running
 
 
@@ -153,3 +153,37 @@ async def test_the_publisher_stops_when_the_last_dashboard_closes(admin_user, fa
     assert publisher.subscribers == 0
     await asyncio.gather(task, return_exceptions=True)
     assert task.done()
+
+
+async def test_the_apps_and_people_the_engine_names_by_id_reach_the_page_by_name(
+    admin_user, member, monkeypatch
+):
+    from dashboard.models import ApiKey
+    from dashboard.web import share_names
+
+    monkeypatch.setattr(telemetry, "get_client", WorkersPublish)
+    monkeypatch.setattr(share_names, "_kept", {})
+    key, _ = await asyncio.to_thread(ApiKey.create, "paperless")
+    ws, _, _ = await open_socket("/ws/telemetry/", admin_user)
+    engine = {
+        "streams": [{"id": "aaaa1111", "phase": "decoding", "priority": "interactive",
+                     "share": f"user:{member.pk}", "paused": False}],
+        "shares": [{"share": f"apikey:{key.pk}", "priority": "background", "running": 4,
+                    "waiting": 8, "paused": 1, "tokens_recent": 900},
+                   {"share": "apikey:999:user:someone", "priority": "interactive", "running": 1,
+                    "waiting": 0, "paused": 0, "tokens_recent": 10}],
+    }  # fmt: skip
+    snapshot = {"worker": "gpu-box", "mode": "split", "time": 1.0, "models": {"m": engine}}
+    await publish(get_channel_layer(), snapshot)
+    first = await next_snapshot(ws, timeout=5)
+    await publish(get_channel_layer(), snapshot)
+    second = await next_snapshot(ws, timeout=5)  # from the names kept
+    await ws.disconnect()
+
+    assert first["apps"] == second["apps"] == {
+        f"user:{member.pk}": member.username,
+        f"apikey:{key.pk}": "paperless",
+        "apikey:999:user:someone": "apikey:999:user:someone",  # no such key: the id as it is
+    }
+    assert first["shares"][0]["priority"] == "background"
+    assert first["streams"][0]["share"] == f"user:{member.pk}"

@@ -4,7 +4,7 @@ cannot see the GPU series): every reading becomes its series, labelled by worker
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.api.metrics import render
-from inference.engine.telemetry import Telemetry
+from inference.engine.telemetry import Telemetry, _Histogram
 
 
 def snapshot_with_gpus() -> dict:
@@ -58,10 +58,12 @@ def test_engine_figures_become_counters_gauges_and_histograms():
     assert found[("appliance_requests_running", model)] == 2
     assert found[("appliance_requests_waiting", model)] == 3
     assert found[("appliance_kv_cache_usage_ratio", model)] == 0.25
-    assert found[("appliance_time_to_first_token_seconds_count", model)] == 1
-    assert found[("appliance_time_to_first_token_seconds_sum", model)] == 0.2
-    assert found[("appliance_time_to_first_token_seconds_bucket", (("le", "0.2"), *model))] == 1
-    assert found[("appliance_time_to_first_token_seconds_bucket", (("le", "0.15"), *model))] == 0
+    ttft = (("model", "m"), ("priority", ""), ("worker", "box-1"))  # an engine without priorities
+    assert found[("appliance_time_to_first_token_seconds_count", ttft)] == 1
+    assert found[("appliance_time_to_first_token_seconds_sum", ttft)] == 0.2
+    assert found[("appliance_time_to_first_token_seconds_bucket", (("le", "0.2"), *ttft))] == 1
+    assert found[("appliance_time_to_first_token_seconds_bucket", (("le", "0.15"), *ttft))] == 0
+    assert found[("appliance_e2e_request_latency_seconds_count", model)] == 1
     assert found[("appliance_models_loaded", (("worker", "box-1"),))] == 1
     assert found[("appliance_process_resident_memory_bytes", (("worker", "box-1"),))] == 123
 
@@ -81,3 +83,77 @@ def test_each_runner_is_up_or_not_and_counts_its_restarts():
     assert found[("appliance_runner_up", (("model", "m"), ("worker", "box-1")))] == 1
     assert found[("appliance_runner_up", broken)] == 0
     assert found[("appliance_runner_restarts_total", broken)] == 5
+
+
+def histogram_of(*values: float) -> dict:
+    histogram = _Histogram()
+    for value in values:
+        histogram.observe(value)
+    return histogram.export()
+
+
+def snapshot_by_priority() -> dict:
+    """An engine that reports TTFT and ITL by priority: two interactive first tokens, one
+    background, and their gaps; the whole histograms are what they add up to."""
+    snapshot = snapshot_with_gpus()
+    engine = snapshot["models"]["m"]
+    engine["by_priority"] = {
+        "interactive": {"ttft": {}, "itl": {}, "histograms": {
+            "ttft": histogram_of(0.1, 0.3), "itl": histogram_of(0.02, 0.03, 0.04)}},
+        "background": {"ttft": {}, "itl": {}, "histograms": {
+            "ttft": histogram_of(4.0), "itl": histogram_of(0.9)}},
+    }  # fmt: skip
+    engine["histograms"]["ttft"] = histogram_of(0.1, 0.3, 4.0)
+    engine["histograms"]["itl"] = histogram_of(0.02, 0.03, 0.04, 0.9)
+    engine["shares"] = [{"share": "apikey:3", "priority": "background", "running": 1,
+                         "waiting": 0, "paused": 0, "tokens_recent": 10}]  # fmt: skip
+    return snapshot
+
+
+def test_ttft_and_itl_are_split_by_priority_in_their_own_families():
+    found = parsed([snapshot_by_priority()])
+    model = (("model", "m"), ("worker", "box-1"))
+
+    def by(name: str, priority: str, *extra) -> float:
+        return found[(name, tuple(sorted((*model, ("priority", priority), *extra))))]
+
+    ttft, itl = "appliance_time_to_first_token_seconds", "appliance_inter_token_latency_seconds"
+    assert by(ttft + "_count", "interactive") == 2 and by(ttft + "_count", "background") == 1
+    assert by(ttft + "_sum", "background") == 4.0
+    assert by(ttft + "_bucket", "interactive", ("le", "0.3")) == 2
+    assert by(ttft + "_bucket", "background", ("le", "2.5")) == 0
+    assert by(itl + "_count", "interactive") == 3 and by(itl + "_count", "background") == 1
+    # The priorities add up to every request: no unlabelled total beside them to count twice.
+    assert sum(by(ttft + "_count", p) for p in ("interactive", "background")) == 3
+    assert not [k for k in found if k[0] == ttft + "_count" and "priority" not in dict(k[1])]
+    # The label is bounded: two values, never a key or a user; other histograms have none.
+    priorities = {dict(labels).get("priority") for _, labels in found} - {None}
+    assert priorities == {"interactive", "background"}
+    assert not [key for key in found if "apikey:3" in str(key)]
+    assert ("appliance_e2e_request_latency_seconds_count", model) in found
+
+
+def test_an_engine_without_priorities_exports_its_one_histogram_with_priority_empty():
+    found = parsed([snapshot_with_gpus()])
+    model = (("model", "m"), ("priority", ""), ("worker", "box-1"))
+    assert found[("appliance_time_to_first_token_seconds_count", model)] == 1
+    assert found[("appliance_inter_token_latency_seconds_count", model)] == 1
+    # A new engine and an old one side by side (two workers in split mode): both kinds of series.
+    old = snapshot_with_gpus()
+    old["worker"] = "old-box"
+    both = parsed([snapshot_by_priority(), old])
+    count = "appliance_time_to_first_token_seconds_count"
+    assert both[(count, (("model", "m"), ("priority", ""), ("worker", "old-box")))] == 1
+    assert both[(count, (("model", "m"), ("priority", "background"), ("worker", "box-1")))] == 1
+
+
+def test_a_malformed_split_falls_back_to_the_whole_histogram_and_never_fails_the_scrape():
+    snapshot = snapshot_by_priority()
+    engine = snapshot["models"]["m"]
+    engine["by_priority"]["background"] = "junk"  # one priority missing: the split is not whole
+    engine["histograms"]["itl"] = {"buckets": [0.1], "cumulative": [1, 2], "sum": 1.0}
+    found = parsed([snapshot])
+    model = (("model", "m"), ("priority", ""), ("worker", "box-1"))
+    assert found[("appliance_time_to_first_token_seconds_count", model)] == 3
+    assert not [key for key in found if key[0].startswith("appliance_inter_token_latency")]
+    assert found[("appliance_request_queue_time_seconds_count", model[::2])] == 1

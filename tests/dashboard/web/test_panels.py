@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dashboard.web.panels import panels
+from dashboard.web.panels import panels, shares_in
 from inference.serving.client import get_client
 
 
@@ -126,7 +126,7 @@ def test_the_step_columns_are_bounded_and_aligned_whatever_a_worker_sends():
     model = panels({"models": {"m": {"steps": steps}}})["models"]["m"]
     json.dumps(model, allow_nan=False)
     cut = model["steps"]
-    assert {len(column) for column in cut.values()} == {10}  # the common tail
+    assert {len(column) for column in cut.values() if column is not None} == {10}  # common tail
     assert cut["ago"] == [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
     assert cut["prompt"][-1] == 0 and all(isinstance(v, int) for v in cut["decode"])
     full = panels({"models": {"m": {"steps": {**steps, "seqs": [2] * 500}}}})["models"]["m"]
@@ -143,3 +143,111 @@ def test_each_running_stream_is_listed_with_its_model_and_checked_fields():
     first, second = result["streams"]
     assert (first["model"], first["id"], first["tps"]) == ("m", "abcdef01", 21.5)
     assert (second["phase"], second["tps"], second["id"]) == ("prefilling", None, "<script>")
+
+
+def engine_with_priorities() -> dict:
+    """An engine snapshot with fair share: streams with their share, priority and pause, the
+    shares, and the step columns of background work."""
+    return {
+        "window_s": 10.0,
+        "streams": [
+            {"id": "aaaa1111bbbb", "phase": "decoding", "priority": "interactive",
+             "share": "user:1", "paused": False, "output_tokens": 5},
+            {"id": "cccc2222dddd", "phase": "decoding", "priority": "background",
+             "share": "apikey:3", "paused": True, "output_tokens": 40},
+        ],
+        "shares": [
+            {"share": "apikey:3", "priority": "background", "running": 4, "waiting": 8,
+             "paused": 1, "tokens_recent": 900},
+            {"share": "user:1", "priority": "interactive", "running": 1, "waiting": 0,
+             "paused": 0, "tokens_recent": 100},
+        ],
+        "steps": {"ago": [2.0, 1.0, 0.5], "decode": [5, 4, 4], "prompt": [0, 64, 0],
+                  "ms": [40.0, 90.0, 35.0], "seqs": [5, 5, 4],
+                  "background": [4, 4, 9], "interactive": [1, 0, 1], "paused": [0, 1, 1]},
+    }  # fmt: skip
+
+
+def test_streams_and_shares_say_whose_turn_and_which_priority():
+    result = panels({"models": {"m": engine_with_priorities()}})
+    json.dumps(result, allow_nan=False)
+    fields = ("share", "priority", "paused")
+    person, batch = (tuple(row[k] for k in fields) for row in result["streams"])
+    assert person == ("user:1", "interactive", False)
+    assert batch == ("apikey:3", "background", True)
+    # Sorted by share, so the table keeps its order from one snapshot to the next.
+    assert result["shares"] == [
+        {"share": "apikey:3", "priority": "background", "running": 4, "waiting": 8,
+         "paused": 1, "tokens_recent": 900},
+        {"share": "user:1", "priority": "interactive", "running": 1, "waiting": 0,
+         "paused": 0, "tokens_recent": 100},
+    ]  # fmt: skip
+    assert result["models"]["m"]["window_s"] == 10.0
+    assert result["apps"] == {}  # the consumer names them
+    assert shares_in(result) == {"apikey:3", "user:1"}
+
+
+def test_several_models_add_up_each_share_at_each_priority():
+    a = engine_with_priorities()
+    b = {"shares": [
+        {"share": "apikey:3", "priority": "background", "running": 1, "waiting": 2,
+         "paused": 0, "tokens_recent": 50},
+        {"share": "apikey:3", "priority": "interactive", "running": 1, "waiting": 0,
+         "paused": 0, "tokens_recent": 7},
+        {"share": None, "priority": "interactive", "running": 1, "tokens_recent": 3},
+    ]}  # fmt: skip
+    shares = panels({"models": {"a": a, "b": b}})["shares"]
+    assert [(r["share"], r["priority"]) for r in shares] == [
+        ("apikey:3", "interactive"), ("apikey:3", "background"), ("user:1", "interactive"),
+        (None, "interactive"),
+    ]  # fmt: skip
+    background = shares[1]
+    assert (background["running"], background["waiting"], background["paused"]) == (5, 10, 1)
+    assert background["tokens_recent"] == 950
+
+
+def test_the_step_columns_of_background_work_are_kept_aligned_and_bounded():
+    steps = panels({"models": {"m": engine_with_priorities()}})["models"]["m"]["steps"]
+    assert steps["interactive"] == [1, 0, 1]
+    assert steps["paused"] == [0, 1, 1]
+    assert steps["background"] == [4, 4, 4]  # a part of the decode tokens, never more
+    ragged = {**engine_with_priorities()["steps"], "paused": [1, float("nan")],
+              "interactive": [7, -1, "x"]}  # fmt: skip
+    cut = panels({"models": {"m": {"steps": ragged}}})["models"]["m"]["steps"]
+    json.dumps(cut, allow_nan=False)
+    assert {len(column) for column in cut.values()} == {2}  # the common tail
+    assert (cut["paused"], cut["interactive"]) == ([1, 0], [0, 0])
+
+
+def test_an_engine_from_before_fair_share_reads_as_before():
+    old = {"streams": [{"id": "abcdef0123", "phase": "decoding", "priority": "interactive"}],
+           "steps": {"ago": [1.0], "decode": [1], "prompt": [0], "ms": [20.0],
+                     "seqs": [1]}}  # fmt: skip
+    result = panels({"models": {"m": old}})
+    json.dumps(result, allow_nan=False)
+    (stream,) = result["streams"]
+    assert (stream["share"], stream["priority"], stream["paused"]) == (None, "interactive", False)
+    assert result["shares"] is None and result["models"]["m"]["shares"] is None  # not [], absent
+    steps = result["models"]["m"]["steps"]
+    assert (steps["background"], steps["interactive"], steps["paused"]) == (None, None, None)
+    assert steps["decode"] == [1]
+    assert shares_in(result) == set()
+    # One new engine beside an old one: the shares it reports are the worker's.
+    mixed = panels({"models": {"old": old, "new": engine_with_priorities()}})
+    assert [r["share"] for r in mixed["shares"]] == ["apikey:3", "user:1"]
+
+
+def test_share_rows_from_a_worker_are_not_trusted_as_they_come():
+    engine = {"shares": [
+        "junk", {"share": 5, "priority": "urgent", "running": "4", "waiting": float("inf")},
+        {"share": "apikey:1:user:" + "x" * 500, "priority": "background", "paused": -0.0},
+    ], "streams": [{"share": ["user:1"], "priority": "top", "paused": "yes"}]}  # fmt: skip
+    result = panels({"models": {"m": engine}})
+    json.dumps(result, allow_nan=False)
+    first, second = result["shares"]
+    assert (first["share"], first["priority"], first["running"], first["waiting"]) == (
+        "apikey:1:user:" + "x" * 186, "background", 0, 0)  # fmt: skip
+    assert (second["share"], second["priority"]) == (None, "interactive")
+    (stream,) = result["streams"]
+    assert (stream["share"], stream["priority"], stream["paused"]) == (None, "interactive", False)
+    assert panels({"models": {"m": {"shares": {"apikey:1": {}}}}})["shares"] is None
