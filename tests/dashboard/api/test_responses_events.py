@@ -174,3 +174,18 @@ def test_an_error_after_the_stream_began_is_an_error_event_and_response_failed()
     assert [e.type for e in yielded][-2:] == ["error", "response.failed"]
     assert yielded[-2].message == "boom" and final is None
     assert yielded[-1].response.error.message == "boom"
+
+
+def test_a_json_format_is_the_grammar_response_format_would_give():
+    from dashboard.api.openai_schemas import ResponseFormat
+
+    assert request(text={"format": {"type": "json_object"}}).sampling()["grammar"] == (
+        ResponseFormat(type="json_object").grammar()
+    )
+    schema = {"type": "object", "properties": {"on": {"type": "boolean"}}}
+    flat = {"type": "json_schema", "name": "lamp", "schema": schema}
+    nested = ResponseFormat.model_validate(
+        {"type": "json_schema", "json_schema": {"name": "lamp", "schema": schema}}
+    )
+    assert request(text={"format": flat}).sampling()["grammar"] == nested.grammar()
+    assert request(text={"format": flat}, reasoning={"effort": "none"}).think is False
