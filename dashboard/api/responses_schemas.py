@@ -122,9 +122,13 @@ def _input(value: Any) -> Any:
     )
 
 
+def _chars(item: "InputItem") -> int:
+    texts = (getattr(item, name, None) for name in ("content", "output", "arguments", "summary"))
+    return sum(len(text) for text in texts if text)
+
+
 def _total_chars(items: list) -> list:
-    total = sum(len(getattr(item, "content", None) or getattr(item, "output", "") or "")
-                for item in items)  # fmt: skip
+    total = sum(_chars(item) for item in items)
     if total > MAX_PROMPT_CHARS:
         raise ValueError(f"the conversation is {total} characters, over {MAX_PROMPT_CHARS}")
     return items
