@@ -26,6 +26,11 @@ class AnswerParser:
         self._thinking = thinking
         self._tools = tools
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the answer is inside its thinking block now."""
+        return self._thinking is not None and self._thinking.thinking
+
     def feed(self, text: str) -> Piece:
         """Take a piece of the answer; return the thinking and content that are final."""
         thinking, content = self._thinking.feed(text) if self._thinking else ("", text)

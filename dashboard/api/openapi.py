@@ -10,13 +10,14 @@ import functools
 from django.http import HttpRequest, JsonResponse
 from pydantic.json_schema import models_json_schema
 
-from dashboard.api import embed_schemas, ollama_schemas, openai_schemas
+from dashboard.api import embed_schemas, ollama_schemas, openai_schemas, responses_schemas
 from dashboard.api.auth import api_endpoint
 
 REF = "#/components/schemas/{model}"
 BODIES = {
     "ChatCompletionRequest": openai_schemas.ChatCompletionRequest,
     "CompletionRequest": openai_schemas.CompletionRequest,
+    "ResponsesRequest": responses_schemas.ResponsesRequest,
     "OllamaChatRequest": ollama_schemas.OllamaChatRequest,
     "OllamaGenerateRequest": ollama_schemas.OllamaGenerateRequest,
     "OllamaModelRequest": ollama_schemas.OllamaModelRequest,
@@ -49,6 +50,12 @@ RESPONSES = {
     "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"],
                    "properties": {"choices": {"type": "array", "items": _OBJECT},
                                   "usage": _OBJECT, "timings": _OBJECT}},
+    "Response": {"type": "object",
+                 "required": ["id", "object", "created_at", "status", "model", "output"],
+                 "properties": {"object": {"const": "response"},
+                                "status": {"enum": ["completed", "incomplete"]},
+                                "output": {"type": "array", "items": _OBJECT},
+                                "usage": _OBJECT, "timings": _OBJECT}},
     "OllamaAnswer": {"type": "object", "required": ["model", "created_at", "done"],
                      "properties": {"done": {"type": "boolean"}, "done_reason": {"type": "string"},
                                     "total_duration": {"type": "integer", "minimum": 0},
@@ -146,6 +153,11 @@ def build() -> dict:
         "/v1/completions": {"post": _operation(
             "Text completion of a raw prompt", o, sse, body="CompletionRequest",
             errors=_GENERATION_ERRORS, tag="OpenAI")},
+        "/v1/responses": {"post": _operation(
+            "Responses API (stateless: previous_response_id is a 400), streamed as named "
+            "server-sent events with stream: true", o,
+            {**_json("Response"), "text/event-stream": {"schema": {"type": "string"}}},
+            body="ResponsesRequest", errors=_GENERATION_ERRORS, tag="OpenAI")},
         "/v1/embeddings": {"post": _operation(
             "Embeddings (length 1) of strings or token arrays, as float or base64", o,
             _json("EmbeddingList"), body="OpenAIEmbeddingRequest", errors=_GENERATION_ERRORS,

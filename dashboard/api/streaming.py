@@ -16,6 +16,11 @@ def sse(data: dict) -> bytes:
     return f"data: {dumps(data)}\n\n".encode()
 
 
+def sse_event(data: dict) -> bytes:
+    """A server-sent event named by its `type` (the Responses API's events)."""
+    return f"event: {data['type']}\ndata: {dumps(data)}\n\n".encode()
+
+
 def ndjson(data: dict) -> bytes:
     return (dumps(data) + "\n").encode()
 

@@ -11,6 +11,7 @@ from dashboard.api import (
     openai_views,
     openapi,
     pull_views,
+    responses_views,
 )
 from dashboard.api.errors import unknown_endpoint
 
@@ -20,6 +21,7 @@ urlpatterns = [
     path("v1/models/<path:model_id>", openai_views.retrieve_model, name="openai_model"),
     path("v1/chat/completions", openai_views.chat_completions, name="openai_chat"),
     path("v1/completions", openai_views.completions, name="openai_completions"),
+    path("v1/responses", responses_views.responses, name="openai_responses"),
     path("v1/embeddings", embed_views.openai_embeddings, name="openai_embeddings"),
     # Ollama
     path("api/version", ollama_views.api_version, name="ollama_version"),

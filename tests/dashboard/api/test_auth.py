@@ -18,6 +18,7 @@ ENDPOINTS = [
     ("GET", f"/v1/models/{STARTER}", None, "openai"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, "openai"),
     ("POST", "/v1/completions", {"prompt": "x"}, "openai"),
+    ("POST", "/v1/responses", {"input": "x"}, "openai"),
     ("GET", "/metrics", None, "openai"),
     ("GET", "/api/tags", None, "ollama"),
     ("GET", "/api/ps", None, "ollama"),

@@ -30,6 +30,10 @@ def keep_answers_short(body) -> None:
     test_validation)."""
     if not isinstance(body, dict):
         return
+    if "input" in body:  # /v1/responses (the embedding endpoints ignore the field)
+        tokens = body.get("max_output_tokens")
+        if not isinstance(tokens, int) or tokens > SHORT:
+            body["max_output_tokens"] = SHORT
     if "messages" in body or "prompt" in body:
         for field in ("max_tokens", "max_completion_tokens"):
             if not isinstance(body.get(field), int) or body[field] > SHORT:

@@ -1,0 +1,332 @@
+"""OpenAI Responses request bodies (/v1/responses), and their conversation as chat messages.
+
+The endpoint is stateless, as Ollama's and llama-server's are: nothing is stored, so
+`previous_response_id`, `conversation`, `background` and item references are refused with a
+400 that says to send the whole conversation in `input`. `store: true` (OpenAI's default) is
+accepted and answered with `store: false`: the response says that it was not kept.
+
+`input` (a string, or message, reasoning, function_call and function_call_output items) becomes
+the chat messages that chat completions takes (`messages()`), so both render through the same
+template path (dashboard.api.prompts) with the same tools, thinking and grammars.
+"""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dashboard.api.schemas import (
+    MAX_CONTENT_CHARS,
+    MAX_MESSAGES,
+    MAX_PROMPT_CHARS,
+    MAX_TOOLS,
+    Content,
+    JsonSchema,
+    MaxTokens,
+    ModelName,
+    PromptText,
+    ShortText,
+    Strict,
+    Unit,
+    refuse_if,
+)
+from dashboard.api.structured import json_object_grammar, schema_grammar
+from inference.thinking import Think
+
+STATELESS = "this appliance keeps no responses (stateless): send the whole conversation in input"
+TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
+
+
+def response_parts(value: Any) -> Any:
+    """Content parts (input_text, output_text) → one string; only text exists for a text-only
+    model."""
+    if not isinstance(value, list):
+        return value
+    texts = []
+    for part in value:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PARTS:
+            raise ValueError(f"content parts of type {kind!r} are not supported: text only")
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"a {kind} content part needs a string 'text'")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+PartsText = Annotated[
+    Content, BeforeValidator(response_parts, json_schema_input_type=Content | list[dict])
+]
+
+
+class MessageItem(Strict):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: PartsText
+
+
+class FunctionCallItem(Strict):
+    """A call an earlier answer made (the output item, passed back in the input)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1, max_length=256)]
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    arguments: Annotated[str, Field(max_length=MAX_CONTENT_CHARS)] = "{}"
+
+
+class FunctionCallOutputItem(Strict):
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1, max_length=256)]
+    output: PartsText
+
+
+class ReasoningItem(Strict):
+    """An earlier answer's thinking: its content (reasoning_text parts), else its summary."""
+
+    type: Literal["reasoning"]
+    summary: PartsText = ""
+    content: PartsText | None = None
+
+    @property
+    def text(self) -> str:
+        return self.content if self.content is not None else self.summary
+
+
+ITEMS = {"message": MessageItem, "function_call": FunctionCallItem,
+         "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}  # fmt: skip
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+def _item(value: Any) -> Any:
+    """One input item as the model of its type (an item without a type is a message)."""
+    if not isinstance(value, dict):
+        return value
+    kind = value.get("type", "message")
+    if kind == "item_reference":
+        raise ValueError(f"item references are not supported: {STATELESS}")
+    if kind not in ITEMS:
+        raise ValueError(f"input items of type {kind!r} are not supported: messages, reasoning, "
+                         "function_call and function_call_output only")  # fmt: skip
+    return {**value, "type": kind}
+
+
+def _input(value: Any) -> Any:
+    """A string is one user message."""
+    return (
+        [{"type": "message", "role": "user", "content": value}] if isinstance(value, str) else value
+    )
+
+
+def _chars(item: "InputItem") -> int:
+    texts = (getattr(item, name, None) for name in ("content", "output", "arguments", "summary"))
+    return sum(len(text) for text in texts if text)
+
+
+def _total_chars(items: list) -> list:
+    total = sum(_chars(item) for item in items)
+    if total > MAX_PROMPT_CHARS:
+        raise ValueError(f"the conversation is {total} characters, over {MAX_PROMPT_CHARS}")
+    return items
+
+
+Item = Annotated[
+    InputItem,
+    Field(discriminator="type"),
+    BeforeValidator(_item),
+]
+Items = Annotated[list[Item], Field(min_length=1, max_length=MAX_MESSAGES)]
+
+
+class FunctionTool(Strict):
+    """A function tool as the Responses API sends it: flat, not under `function`."""
+
+    type: Literal["function"]
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+    description: Annotated[str, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the lazy tool grammar holds calls to the schema either way
+
+    def chat(self) -> dict:
+        function = {"name": self.name, "description": self.description,
+                    "parameters": self.parameters}  # fmt: skip
+        return {"type": "function", "function": {k: v for k, v in function.items() if v}}
+
+
+def _function_tool(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") != "function":
+        raise ValueError(f"tools of type {value.get('type')!r} are not supported: function "
+                         "tools only")  # fmt: skip
+    return value
+
+
+class TextFormat(Strict):
+    """text; json_object (any JSON object); json_schema (flat: name, schema, strict)."""
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")] = (
+        "response"
+    )
+    description: Content | None = None
+    schema_: Annotated[JsonSchema | None, Field(alias="schema")] = None  # none: any object
+    strict: bool | None = None  # the grammar always holds the output to the schema
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "TextFormat":
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("a json_schema format needs a schema")
+        return self
+
+    def grammar(self) -> str | None:
+        if self.type == "text":
+            return None
+        return json_object_grammar() if self.schema_ is None else schema_grammar(self.schema_)
+
+    def echo(self) -> dict:
+        if self.type != "json_schema":
+            return {"type": self.type}
+        return {"type": "json_schema", "name": self.name, "schema": self.schema_,
+                "description": self.description, "strict": self.strict}  # fmt: skip
+
+
+class TextConfig(Strict):
+    format: TextFormat | None = None
+
+
+class Reasoning(Strict):
+    # "none" and "minimal" turn a thinking mode off; the levels turn it on ("xhigh": "high").
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None  # the thinking is given whole
+
+
+def _refuse_stateful(name: str):
+    return refuse_if(bool, f"{name} is not supported: {STATELESS}")
+
+
+class ResponsesRequest(Strict):
+    model: ModelName = ""
+    input: Annotated[
+        Items,
+        BeforeValidator(_input, json_schema_input_type=Content | list[InputItem]),
+        AfterValidator(_total_chars),
+        Field(description="a string (one user message) or message and function-call items"),
+    ]
+    instructions: PromptText | None = None  # a system message before the input
+    max_output_tokens: MaxTokens | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Unit | None = None
+    tools: Annotated[
+        list[Annotated[FunctionTool, BeforeValidator(_function_tool)]], Field(max_length=MAX_TOOLS)
+    ] | None = None  # fmt: skip
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | dict[str, Any] | None,
+        refuse_if(lambda v: v == "required" or isinstance(v, dict),
+                  "tool_choice can be 'auto' or 'none': this engine cannot force a tool call"),
+    ] = None  # fmt: skip
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    stream: bool = False
+    store: bool | None = None  # accepted, never kept: the response says store: false
+    previous_response_id: Annotated[str | None, _refuse_stateful("previous_response_id")] = None
+    conversation: Annotated[Any, _refuse_stateful("conversation")] = None
+    background: Annotated[bool | None, _refuse_stateful("background")] = None
+    truncation: Annotated[
+        Literal["auto", "disabled"] | None,
+        refuse_if(lambda v: v == "auto", "truncation 'auto' is not supported: a conversation "
+                  "longer than the context is a 400, never cut"),
+    ] = None  # fmt: skip
+    include: Annotated[
+        list[ShortText] | None,
+        refuse_if(lambda v: any("logprobs" in i for i in v),
+                  "logprobs are not supported by this engine"),
+    ] = None  # fmt: skip
+    top_logprobs: Annotated[
+        int | None, refuse_if(lambda v: v > 0, "logprobs are not supported by this engine")
+    ] = None
+    metadata: Annotated[dict[str, ShortText], Field(max_length=16)] | None = None
+    user: ShortText | None = None
+    # OpenAI's processing tiers: "flex" asks for background priority here (openai_schemas).
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+
+    @field_validator("reasoning")
+    @classmethod
+    def _think_without_grammar(cls, value: Reasoning | None, info: ValidationInfo):
+        text = info.data.get("text")
+        constrained = text is not None and text.format is not None and text.format.type != "text"
+        if value is not None and value.effort not in (None, "none", "minimal") and constrained:
+            raise ValueError("reasoning cannot be combined with a json text.format: the grammar "
+                             "would hold the thinking to it too; send reasoning: {effort: "
+                             "none}")  # fmt: skip
+        return value
+
+    @property
+    def format(self) -> TextFormat:
+        return self.text.format if self.text and self.text.format else TextFormat()
+
+    @property
+    def think(self) -> Think:
+        """The switch the template gets: off for a json format, which would hold the thinking
+        to its grammar too (as chat completions' reasoning_effort)."""
+        effort = self.reasoning.effort if self.reasoning else None
+        if effort in ("none", "minimal") or self.format.type != "text":
+            return False
+        return "high" if effort == "xhigh" else effort
+
+    @property
+    def priority(self) -> str:
+        return "background" if self.service_tier == "flex" else "interactive"
+
+    def sampling(self) -> dict:
+        params = {name: getattr(self, name) for name in ("temperature", "top_p")
+                  if getattr(self, name) is not None}  # fmt: skip
+        if self.max_output_tokens is not None:
+            params["max_tokens"] = self.max_output_tokens
+        grammar = self.format.grammar()
+        if grammar is not None:
+            params["grammar"] = grammar
+        return params
+
+    @property
+    def active_tools(self) -> list[dict] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [tool.chat() for tool in self.tools]
+
+    def messages(self) -> list[dict]:
+        """The conversation as chat messages (dashboard.api.prompts.template_message reads
+        them): instructions first, a call's items merged into the assistant turn that made it,
+        an output as a tool message naming its call, a reasoning item as the thinking of the
+        assistant turn after it."""
+        out: list[dict] = []
+        if self.instructions:
+            out.append({"role": "system", "content": self.instructions})
+        called: dict[str, str] = {}  # call_id → the function's name
+        thinking = ""
+        for item in self.input:
+            if isinstance(item, ReasoningItem):
+                thinking += item.text
+            elif isinstance(item, MessageItem):
+                message = {"role": item.role, "content": item.content}
+                if item.role == "assistant" and thinking:
+                    message["reasoning_content"], thinking = thinking, ""
+                out.append(message)
+            elif isinstance(item, FunctionCallItem):
+                called[item.call_id] = item.name
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}  # fmt: skip
+                if not out or out[-1]["role"] != "assistant":
+                    out.append({"role": "assistant", "content": ""})
+                    if thinking:
+                        out[-1]["reasoning_content"], thinking = thinking, ""
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                tool = {"role": "tool", "content": item.output, "tool_call_id": item.call_id}
+                if item.call_id in called:
+                    tool["name"] = called[item.call_id]
+                out.append(tool)
+        return out
