@@ -259,7 +259,9 @@ def registered_copy(path: Path, size: int, sha256: str = "") -> tuple[LLMModel |
     kept). Hidden entries (a deleted packaged model) do not count: registering the same file
     by hand after deleting it is how someone brings it back.
     """
-    candidates = list(LLMModel.objects.filter(size_bytes=size).exclude(file_path=str(path)))
+    candidates = list(
+        LLMModel.objects.filter(size_bytes=size, base__isnull=True).exclude(file_path=str(path))
+    )
     if not candidates:
         return None, sha256
     digest = sha256 or sha256_file(path)
@@ -278,7 +280,7 @@ def copies(models: list[LLMModel]) -> dict[int, list[LLMModel]]:
     entry per file was enforced, shown on the pages so one can be deleted."""
     by_hash: dict[str, list[LLMModel]] = {}
     for model in models:
-        if model.sha256:
+        if model.sha256 and not model.base_id:  # a derived model shares its base's on purpose
             by_hash.setdefault(model.sha256, []).append(model)
     return {
         model.pk: [other for other in group if other.pk != model.pk]

@@ -119,7 +119,7 @@ def memory(snaps: list[dict]) -> Memory | None:
 def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     """The estimate for the model's current settings, or None and why not."""
     try:
-        info = gguf_info(model.file_path)
+        info = gguf_info(model.weights.file_path)
     except GGUFError as exc:
         return None, plain.message(exc)  # its sentence, then the reader's detail
     found = estimate_for_settings(
@@ -153,7 +153,7 @@ async def load(model: LLMModel) -> dict | None:
     started = time.time()
     await client.load(spec)
     after_snaps = await sync_to_async(client.snapshots)()
-    row = loaded_rows(after_snaps).get(model.name)
+    row = loaded_rows(after_snaps).get(spec.name)
     found, _ = await sync_to_async(estimate)(model)
     updates: dict = {"last_used_at": timezone.now()}
     if found is not None:

@@ -49,7 +49,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "size": bytes_label(m.size_bytes),
         "estimate": bytes_label(m.estimated_bytes) if m.estimated_bytes else "?",
         "loaded": loaded.get(m.name),
-        "file_missing": not os.path.isfile(m.file_path),
+        "file_missing": not os.path.isfile(m.weights.file_path),
         "copies": same.get(m.pk, []),
     } for m in models]  # fmt: skip
     return render(request, "model_pages/models.html", {
@@ -132,7 +132,7 @@ def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
         "loading": lifecycle.loading_names(snaps),
         "runners": runners,
         "hash_job": hash_job,
-        "file_missing": not os.path.isfile(model.file_path),
+        "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
     }, status=status)  # fmt: skip
@@ -292,7 +292,7 @@ def facts(model: LLMModel) -> list[tuple[str, str]]:
         ("Tokenizer", f"{shown(model.tokenizer)}, vocabulary {shown(meta.get('vocab_size'))}"),
         ("BOS / EOS", f"{shown(meta.get('bos_token'))} / {shown(meta.get('eos_token'))}"),
         ("License", shown(model.license)),
-        ("File", model.file_path),
+        ("File", model.weights.file_path),
         ("File size", f"{bytes_label(model.size_bytes)} ({model.size_bytes} bytes)"),
         ("GGUF version", shown(meta.get("gguf_version"))),
         ("Tensors", shown(meta.get("tensor_count"))),
