@@ -1,5 +1,6 @@
 """Ollama-compatible endpoints: /api/tags, /api/ps, /api/show, /api/chat, /api/generate,
-/api/version and DELETE /api/delete.
+/api/version and DELETE /api/delete (a name, a derived model, or a model with its file; the
+making of models is create_views').
 
 Answers stream as NDJSON by default (`stream: false` gives one object); the last line has
 `done: true`, the done reason and Ollama's timing fields in nanoseconds. An empty conversation
@@ -117,8 +118,9 @@ async def delete_model(request: HttpRequest) -> JsonResponse:
                              "message": f"{body.target} deleted; {model.name} keeps its other "
                              "names"})  # fmt: skip
     try:
-        # The registry page's delete: unload if idle, then unregister (the file goes when it
-        # lives in the models directory; a packaged model is hidden).
+        # The models page's delete: unload if idle, then unregister (the file goes when it
+        # lives in the models directory; a packaged model is hidden). A derived model goes
+        # alone, its base untouched; a base that derived models use is refused.
         outcome = await lifecycle.delete(model)
     except lifecycle.Refused as exc:
         raise ApiError(409, str(exc), code="model_in_use") from None
