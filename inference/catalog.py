@@ -121,7 +121,8 @@ def context_asked(model: LLMModel, num_ctx: int | None) -> int:
 
 
 def default_model() -> LLMModel | None:
-    return LLMModel.objects.filter(is_default=True).first() or LLMModel.objects.first()
+    models = LLMModel.objects.select_related("base")
+    return models.filter(is_default=True).first() or models.first()
 
 
 def resolve(name: str | None) -> LLMModel:
@@ -132,11 +133,12 @@ def resolve(name: str | None) -> LLMModel:
             raise UnknownModel("no model is registered yet")
         return model
     base = name.split(":", 1)[0] if name.endswith(":latest") else name
-    model = LLMModel.objects.filter(name__in={name, base}).first()
+    # The base comes along: spec_for reads it on the event loop, where queries may not run.
+    model = LLMModel.objects.select_related("base").filter(name__in={name, base}).first()
     if model is None and (pulled := canonical(name)):
         # The name it was pulled as: "llama3.2" is "llama3.2:latest", as in Ollama.
         found = (
-            PulledName.objects.select_related("model")
+            PulledName.objects.select_related("model__base")
             .filter(name__iexact=pulled, model__hidden=False)
             .first()
         )

@@ -69,9 +69,15 @@ async def api_version(request: HttpRequest) -> JsonResponse:
 
 @ollama_get
 async def tags(request: HttpRequest) -> JsonResponse:
-    models = await sync_to_async(list)(LLMModel.objects.prefetch_related("pulled_names"))
+    return JsonResponse({"models": await sync_to_async(_tags)()})
+
+
+def _tags() -> list[dict]:
+    models = LLMModel.objects.select_related("base").prefetch_related(
+        "pulled_names", "base__pulled_names"
+    )
     # One entry per name, as Ollama lists them: a model pulled under two names shows twice.
-    return JsonResponse({"models": [tag(m, name) for m in models for name in tag_names(m)]})
+    return [tag(m, name) for m in models for name in tag_names(m)]
 
 
 def _running() -> list[dict]:
@@ -98,7 +104,8 @@ async def show_model(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, OllamaModelRequest)
     if not body.target:
         raise ApiError(400, "model is required", param="model")
-    return JsonResponse(show(await resolve_model(body.target)))
+    # show() reads a derived model's base and names: database reads, off the event loop.
+    return JsonResponse(await sync_to_async(show)(await resolve_model(body.target)))
 
 
 # --- delete ------------------------------------------------------------------------------
