@@ -89,7 +89,7 @@ async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(route):
 def test_the_routes_that_were_missing_from_the_gates_old_list_are_keyed():
     keyed = {str(route) for route in keyed_body_routes()}
     assert {"POST /v1/embeddings", "POST /api/embed", "POST /api/embeddings",
-            "POST /api/pull"} <= keyed  # fmt: skip
+            "POST /api/pull", "POST /api/create"} <= keyed  # fmt: skip
 
 
 def test_every_api_route_a_path_can_name_declares_its_policy():
