@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20
 # Paths under /models/ that a model name must not shadow.
-RESERVED_NAMES = frozenset({"scan", "upload", "download", "pull", "jobs", "status"})
+RESERVED_NAMES = frozenset({"scan", "upload", "download", "pull", "derive", "jobs", "status"})
 # Metadata arrays longer than this are kept as their length only: per-layer values stay, a
 # vocabulary, its scores and merges do not.
 KEEP_LIST_ITEMS = 256

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.model_pages import lifecycle
 from dashboard.model_pages.display import bytes_label, params_label, seconds_label
-from dashboard.model_pages.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages.forms import DeriveForm, DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
 from inference import plain
@@ -41,7 +41,7 @@ def wants_json(request: HttpRequest) -> bool:
 def model_list(request: HttpRequest) -> HttpResponse:
     snaps = lifecycle.snapshots()
     loaded = {name: loaded_view(row) for name, row in lifecycle.loaded_rows(snaps).items()}
-    models = list(LLMModel.objects.all())
+    models = list(LLMModel.objects.select_related("base"))
     same = copies(models)
     rows = [{
         "model": m,
@@ -60,6 +60,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "jobs": [job_view(job) for job in recent_jobs()],
         "upload_form": UploadForm(),
         "download_form": DownloadForm(),
+        "derive_form": DeriveForm(),
         "models_dir": models_dir(),
         "disk_free": bytes_label(shutil.disk_usage(models_dir()).free),
     })  # fmt: skip
