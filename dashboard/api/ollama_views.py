@@ -148,7 +148,7 @@ async def _load_or_unload(request, model: LLMModel, body: OllamaGenerationBase, 
         spec = dataclasses.replace(spec, keep_alive=body.keep_alive)
     try:
         if body.keep_alive == 0:
-            await get_client().unload(model.name)
+            await get_client().unload(spec.name)  # a derived model's engine is its base's
         else:
             await get_client().load(spec)
     except Exception as exc:  # noqa: BLE001 - a refused load or unload is an error status

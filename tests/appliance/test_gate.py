@@ -298,3 +298,10 @@ async def test_django_behind_the_gate_still_answers():
 
     sent = await call(BodyGate(get_asgi_application()), http_scope("GET", "/healthz", {}), receive)
     assert status_of(sent) in (200, 503)
+
+
+def test_a_blob_upload_may_be_far_larger_than_a_json_body(settings):
+    rule = api_rule("/api/blobs/sha256:" + "0" * 64)
+    assert rule == ApiRule("ollama", keyed=True, cap=settings.MAX_BLOB_BYTES)
+    assert rule.cap > 1000 * settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert api_rule("/api/create").cap == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
