@@ -47,3 +47,8 @@ def test_deleting_a_derived_model_from_its_page_keeps_the_base(staff, tiny_model
     staff.post(reverse("model-delete", args=["maid"]))
     assert not LLMModel.objects.filter(name="maid").exists()
     assert LLMModel.objects.filter(pk=tiny_model.pk).exists()
+
+
+def test_a_derived_models_page_shows(staff, tiny_model, fake_engine):
+    staff.post(reverse("models-derive"), {"name": "cook", "base": tiny_model.name})
+    assert staff.get(reverse("model-detail", args=["cook"])).status_code == 200
