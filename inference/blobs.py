@@ -2,9 +2,10 @@
 /api/create makes a model of them.
 
 1. The free disk in MODELS_DIR is checked against the declared length before a byte is written.
-2. The body streams into a hidden partial file (`.blobs/.sha256-<hex>.part`), hashed as it
-   arrives; one upload of a digest at a time holds it (a lock), and a retry of the same digest
-   starts it again from the first byte, so a dropped upload never leaves a half file that counts.
+2. The body streams into a hidden partial file in `.blobs/`, hashed as it arrives: on the
+   appliance the gate writes it before the view runs (appliance.gate, `body_to`), else
+   `receive` does, one upload of a digest at a time (a lock). A retry of the same digest starts
+   again from the first byte, so a dropped upload never leaves a half file that counts.
 3. A digest that does not match, or a file the validating GGUF reader refuses, removes the
    partial file; only then is it renamed to `.blobs/sha256-<hex>`, a blob that counts.
 
@@ -88,7 +89,6 @@ def receive(digest: str, read: Read, length: int | None) -> Path:
     for too little disk."""
     hexdigest = digest_hex(digest)
     check_space(length)
-    target = blob_path(digest)
     part = blobs_dir() / f".sha256-{hexdigest}.part"
     fd = os.open(part, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -102,24 +102,31 @@ def receive(digest: str, read: Read, length: int | None) -> Path:
             while chunk := read(CHUNK_BYTES):
                 hasher.update(chunk)
                 out.write(chunk)
-        kept = False
-        try:
-            if hasher.hexdigest() != hexdigest:
-                raise BlobRefused(
-                    f"the upload's digest sha256:{hasher.hexdigest()} is not the "
-                    f"sha256:{hexdigest} it was sent as; it was discarded"
-                )
-            try:
-                read_gguf(part)
-            except GGUFError as exc:
-                raise BlobRefused(
-                    f"the blob is not a GGUF model the appliance can load: {exc}"
-                ) from None
-            os.replace(part, target)  # same directory: atomic
-            kept = True
-        finally:
-            if not kept:
-                part.unlink(missing_ok=True)
+        return adopt(digest, part, hasher.hexdigest())
     finally:
         os.close(fd)
-    return target
+
+
+def adopt(digest: str, part: Path, sha256: str) -> Path:
+    """Step 3 for a complete file in the blobs directory whose sha256 is known (hashed as it
+    arrived: by receive, or by the gate, which streams large bodies itself): kept as the blob
+    `digest` names, or removed and refused."""
+    hexdigest = digest_hex(digest)
+    kept = False
+    try:
+        if sha256 != hexdigest:
+            raise BlobRefused(f"the upload's digest sha256:{sha256} is not the "
+                              f"sha256:{hexdigest} it was sent as; it was discarded")  # fmt: skip
+        try:
+            read_gguf(part)
+        except GGUFError as exc:
+            raise BlobRefused(
+                f"the blob is not a GGUF model the appliance can load: {exc}"
+            ) from None
+        target = blob_path(digest)
+        os.replace(part, target)  # same directory: atomic (two uploads of it: the same bytes)
+        kept = True
+        return target
+    finally:
+        if not kept:
+            part.unlink(missing_ok=True)

@@ -2,9 +2,11 @@
 /api/push (refused: the appliance does not publish models). Every one needs an admin key, as
 pulling and deleting do.
 
-A blob upload streams (inference.blobs): the gate lets its body through up to MAX_BLOB_BYTES,
-not DATA_UPLOAD_MAX_MEMORY_SIZE, and the view reads it in chunks rather than as request.body,
-writing it to a partial file in MODELS_DIR hashed on the way.
+A blob upload streams (inference.blobs): up to MAX_BLOB_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE.
+Served by the appliance, the gate writes the body into the blobs directory, hashed on the way,
+after checking the key's scope and the free disk (appliance.gate, `body_to`), and the view
+verifies and keeps that file; without the gate (Django's test client) the view reads the body
+in chunks, never as request.body.
 
 /api/create with `files` installs the blob as a model of its own, like an upload from the models
 page (the validating reader, the same registration); a blob whose bytes a listed model holds
@@ -15,6 +17,7 @@ or one object with `stream: false`; a refusal is an error status before any line
 """
 
 import logging
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -42,15 +45,23 @@ def _refused(exc: creating.CreateRefused | blobs.BlobRefused) -> ApiError:
 
 
 @api_endpoint(dialect="ollama", methods=("HEAD", "POST"), scope=ApiKey.Scope.ADMIN,
-              max_body=settings.MAX_BLOB_BYTES)  # fmt: skip
+              max_body=settings.MAX_BLOB_BYTES, body_to=blobs.blobs_dir)  # fmt: skip
 async def blob(request: HttpRequest, digest: str) -> HttpResponse:
     try:
         if request.method == "HEAD":
             found = await sync_to_async(blobs.present)(digest)
             return HttpResponse(status=200 if found else 404)
-        length = int(request.headers.get("Content-Length") or 0) or None
-        # Off the shared sync thread: an upload of gigabytes must not hold up the ORM's calls.
-        await sync_to_async(blobs.receive, thread_sensitive=False)(digest, request.read, length)
+        spooled = getattr(request, "scope", {}).get("appliance.body")
+        if spooled is not None:  # the gate streamed it into the blobs directory already
+            await sync_to_async(blobs.adopt, thread_sensitive=False)(
+                digest, Path(spooled["path"]), spooled["sha256"]
+            )
+        else:
+            length = int(request.headers.get("Content-Length") or 0) or None
+            # Off the shared sync thread: an upload of gigabytes must not hold up the ORM's.
+            await sync_to_async(blobs.receive, thread_sensitive=False)(
+                digest, request.read, length
+            )
     except blobs.BlobRefused as exc:
         raise _refused(exc) from None
     log.info("blob %s received (key %s)", digest, request.api_key.name)
