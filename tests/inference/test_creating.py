@@ -161,3 +161,12 @@ def test_a_registered_models_bytes_count_as_present(base):
     assert blobs.present(f"sha256:{base.sha256}")
     with pytest.raises(blobs.BlobRefused):
         blobs.digest_hex("md5:abc")
+
+
+def test_weights_files_stay_one_entry_each_while_derived_models_have_none(base):
+    from django.db import IntegrityError, transaction
+
+    creating.derive(base, "a")
+    creating.derive(base, "b")  # both without a file: the constraint is for weights only
+    with pytest.raises(IntegrityError), transaction.atomic():
+        LLMModel.objects.create(name="again", file_path=base.file_path)
