@@ -114,8 +114,11 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
     lines.append({"status": f"using existing layer sha256:{hexdigest}"})
     existing = blobs.model_with(digest)
     if existing is not None:
-        # Those bytes are loaded as a model already: share them, as Ollama's layers are shared.
-        return creating.derive(existing, name, **settings_)
+        # Those bytes are loaded as a model already: share them, as Ollama's layers are shared
+        # (an uploaded copy of them is not needed then).
+        model = creating.derive(existing, name, **settings_)
+        blobs.blob_path(digest).unlink(missing_ok=True)
+        return model
     path = blobs.blob_path(digest)
     if not path.is_file():
         raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
