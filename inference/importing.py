@@ -433,7 +433,8 @@ def clean_partial_files() -> list[str]:
     active = set(_active_jobs(Job.Kind.DOWNLOAD).values_list("id", flat=True))
     removed = []
     now = time.time()
-    for path in models_dir().glob(".*.part"):
+    # Blob uploads (inference.blobs) write theirs in .blobs/; they go by age like an upload's.
+    for path in [*models_dir().glob(".*.part"), *models_dir().glob(".blobs/.*.part")]:
         download = re.fullmatch(r"\.download-(\d+)\.part", path.name)
         if download:
             stale = int(download.group(1)) not in active
