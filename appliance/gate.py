@@ -19,6 +19,13 @@ always, /metrics when METRICS_PUBLIC), the cap its `max_body` or DATA_UPLOAD_MAX
 fall behind the views. A path whose view declares nothing (an unknown API path's JSON 404) is
 judged on its size only.
 
+A view that declares `body_to` (POST /api/blobs: a GGUF of gigabytes) has its body streamed by
+the gate into a hidden file in that directory, hashed on the way, once the key's scope and the
+free disk there allow it (403, 507, from the headers), and is then called with an empty body and
+`scope["appliance.body"]` = {"path", "sha256", "size"}; the file is removed after the view
+unless the view moved it. Django would otherwise spool the whole body to the system's temp
+directory (often a tmpfs or another disk) before the view could refuse or move it.
+
 Full checks (scope, rate, staff) stay in the views. Bodiless requests pass through, so Django
 still answers 404 for unknown API paths and 405 for wrong methods as before. WebSockets pass
 untouched.
@@ -35,10 +42,15 @@ which served the appliance before, read the whole body first: there the gate sav
 work after it.
 """
 
+import asyncio
+import hashlib
 import json
+import shutil
+import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
+from pathlib import Path
 from urllib.parse import quote
 
 from asgiref.sync import sync_to_async
@@ -62,6 +74,9 @@ class ApiRule:
     dialect: Dialect
     keyed: bool
     cap: int
+    # Only for a body the gate streams itself (body_to: the module's docstring).
+    scope: str = field(default="", compare=False)
+    body_to: Callable[[], Path] | None = field(default=None, compare=False)
 
 
 def api_rule(path: str) -> ApiRule | None:
@@ -77,7 +92,8 @@ def api_rule(path: str) -> ApiRule | None:
     if policy is None:
         dialect: Dialect = "ollama" if path.startswith("/api/") else "openai"
         return ApiRule(dialect, keyed=False, cap=settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
-    return ApiRule(policy.dialect, keyed=policy.needs_key(), cap=policy.body_cap())
+    return ApiRule(policy.dialect, keyed=policy.needs_key(), cap=policy.body_cap(),
+                   scope=policy.scope, body_to=policy.body_to)  # fmt: skip
 
 
 def _header(scope: dict, name: bytes) -> bytes | None:
@@ -141,15 +157,21 @@ class BodyGate:
             refusal = await _refusal(scope, rule, length)
             if refusal is not None:
                 return await refusal(send)
+            if rule.body_to is not None and scope["method"] == "POST" and _has_body(scope):
+                return await _streamed(self.app, scope, receive, send, rule, length)
             if length is None:
                 receive, send = _counting(receive, send, rule.cap, rule.dialect)
             return await self.app(scope, receive, send)
 
 
+def _has_body(scope: dict) -> bool:
+    chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
+    return bool(_body_length(scope) or chunked)
+
+
 async def _refusal(scope: dict, rule: ApiRule, length: int | None) -> Responder | None:
     """The answer to send instead of calling the application, if the headers earn one."""
-    chunked = b"chunked" in (_header(scope, b"transfer-encoding") or b"").lower()
-    if not (length or chunked):
+    if not _has_body(scope):
         return None  # no body to spare: the view answers (401, 404, 405) as it would
     if rule.keyed:
         raw = _bearer(scope)
@@ -229,3 +251,66 @@ def _counting(receive, send, cap: int, dialect: str):
         await send(message)
 
     return counted_receive, guarded_send
+
+
+SPOOL_BYTES = 4 << 20  # written (and hashed) off the event loop this many bytes at a time
+
+
+def _write(out, hasher, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        hasher.update(chunk)
+        out.write(chunk)
+
+
+async def _streamed(app, scope: dict, receive, send, rule: ApiRule, length: int | None) -> None:
+    """A large body into a file in `rule.body_to()` (the module's docstring), then the app."""
+    key = await sync_to_async(key_for)(_bearer(scope) or "")
+    if key is None or not key.allows(rule.scope):
+        return await _responder(403, f"this needs an API key with the {rule.scope} scope",
+                                "insufficient_scope", rule.dialect)(send)  # fmt: skip
+    directory = rule.body_to()
+    free = shutil.disk_usage(directory).free
+    if length and length > free:
+        return await _responder(
+            507, f"not enough disk space: the body is {length >> 20} MiB and {free >> 20} MiB "
+            "is free", "insufficient_storage", rule.dialect,
+        )(send)  # fmt: skip
+    path = directory / f".body-{uuid.uuid4().hex}.part"
+    hasher, size = hashlib.sha256(), 0
+    try:
+        with open(path, "wb") as out:
+            pending: list[bytes] = []
+            held = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return  # the client left: nothing to answer, the file goes below
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > rule.cap:
+                    return await _too_large(rule.dialect)(send)
+                pending.append(chunk)
+                held += len(chunk)
+                more = message.get("more_body", False)
+                if held >= SPOOL_BYTES or not more:
+                    await asyncio.to_thread(_write, out, hasher, pending)
+                    pending, held = [], 0
+                if not more:
+                    break
+        body = {"path": str(path), "sha256": hasher.hexdigest(), "size": size}
+        headers = [(k, v) for k, v in scope.get("headers") or ()
+                   if k.lower() not in (b"content-length", b"transfer-encoding")]  # fmt: skip
+        inner = {**scope, "headers": [*headers, (b"content-length", b"0")],
+                 "appliance.body": body}  # fmt: skip
+        delivered = False
+
+        async def empty_receive():
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            return await receive()  # the client's disconnect, if it leaves
+
+        await app(inner, empty_receive, send)
+    finally:
+        path.unlink(missing_ok=True)  # the view moved it into place, or it is not wanted

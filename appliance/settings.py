@@ -140,6 +140,8 @@ WHITENOISE_USE_FINDERS = True  # serve static/ as is: no collectstatic step on a
 # Uploads stream to disk in chunks; nothing large is held in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
+# The largest GGUF POST /api/blobs takes (streamed to disk, never held in memory).
+MAX_BLOB_BYTES = envint("MAX_BLOB_BYTES", 512 << 30, lo=1 << 20, hi=1 << 44)
 
 if SPLIT_MODE:
     CHANNEL_LAYERS = {

@@ -98,7 +98,7 @@ def context_of(model: LLMModel) -> int:
     try:
         from inference.preflight import automatic_ctx, gguf_info  # reads the GGUF header only
 
-        return automatic_ctx(gguf_info(model.file_path), spec_for(model).config)
+        return automatic_ctx(gguf_info(model.weights.file_path), spec_for(model).config)
     except Exception:  # noqa: BLE001 - a missing or unreadable file: the load will say why
         return model.context_length or 2048
 

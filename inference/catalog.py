@@ -54,7 +54,9 @@ def parse_keep_alive(value: str | int | float | None) -> float | None:
 def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
     """How to load the model. Its n_ctx 0 (automatic) stays 0: the host's preflight sizes it
     where the engine runs (inference.preflight.fit). `min_ctx`: the context per sequence a
-    request needs (see context_asked); a loaded engine with less is reloaded."""
+    request needs (see context_asked); a loaded engine with less is reloaded. A derived model
+    loads as its base (its name, file and settings), so the two share one engine."""
+    model = model.weights
     keep_alive = parse_keep_alive(model.keep_alive or settings.DEFAULT_KEEP_ALIVE)
     config = RunnerConfig(
         model_path=model.file_path,
@@ -76,8 +78,12 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
 def sampling_for(model: LLMModel, asked: dict, base: dict | None = None) -> SamplingParams:
     """A request's sampling, the one place a model's defaults apply: what the request asks, over
     the model's saved defaults (its page, a pull), over `base` (the chat page's own), over the
-    engine's. Raises InvalidParams for an asked value out of bounds."""
-    return SamplingParams(**{**(base or {}), **usable_defaults(model.default_params), **asked})
+    engine's; a derived model's own defaults over its base's. Raises InvalidParams for an asked
+    value out of bounds."""
+    saved = usable_defaults(model.default_params)
+    if model.base_id:
+        saved = {**usable_defaults(model.weights.default_params), **saved}
+    return SamplingParams(**{**(base or {}), **saved, **asked})
 
 
 def request_for(
@@ -94,8 +100,10 @@ def request_for(
     keep_alive, arrived_wall: None for now). Raises InvalidParams."""
     if fields.get("arrived_wall") is None:
         fields.pop("arrived_wall", None)
-    return GenerationRequest(prompt.text, sampling_for(model, asked, base), model=model.name,
-                             add_special=prompt.add_special, **fields)  # fmt: skip
+    # A derived model runs on its base's engine (spec_for), with its own sampling and prompt.
+    return GenerationRequest(prompt.text, sampling_for(model, asked, base),
+                             model=model.weights.name, add_special=prompt.add_special,
+                             **fields)  # fmt: skip
 
 
 def context_asked(model: LLMModel, num_ctx: int | None) -> int:
@@ -113,7 +121,8 @@ def context_asked(model: LLMModel, num_ctx: int | None) -> int:
 
 
 def default_model() -> LLMModel | None:
-    return LLMModel.objects.filter(is_default=True).first() or LLMModel.objects.first()
+    models = LLMModel.objects.select_related("base")
+    return models.filter(is_default=True).first() or models.first()
 
 
 def resolve(name: str | None) -> LLMModel:
@@ -124,11 +133,12 @@ def resolve(name: str | None) -> LLMModel:
             raise UnknownModel("no model is registered yet")
         return model
     base = name.split(":", 1)[0] if name.endswith(":latest") else name
-    model = LLMModel.objects.filter(name__in={name, base}).first()
+    # The base comes along: spec_for reads it on the event loop, where queries may not run.
+    model = LLMModel.objects.select_related("base").filter(name__in={name, base}).first()
     if model is None and (pulled := canonical(name)):
         # The name it was pulled as: "llama3.2" is "llama3.2:latest", as in Ollama.
         found = (
-            PulledName.objects.select_related("model")
+            PulledName.objects.select_related("model__base")
             .filter(name__iexact=pulled, model__hidden=False)
             .first()
         )

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20
 # Paths under /models/ that a model name must not shadow.
-RESERVED_NAMES = frozenset({"scan", "upload", "download", "pull", "jobs", "status"})
+RESERVED_NAMES = frozenset({"scan", "upload", "download", "pull", "derive", "jobs", "status"})
 # Metadata arrays longer than this are kept as their length only: per-layer values stay, a
 # vocabulary, its scores and merges do not.
 KEEP_LIST_ITEMS = 256
@@ -259,7 +259,9 @@ def registered_copy(path: Path, size: int, sha256: str = "") -> tuple[LLMModel |
     kept). Hidden entries (a deleted packaged model) do not count: registering the same file
     by hand after deleting it is how someone brings it back.
     """
-    candidates = list(LLMModel.objects.filter(size_bytes=size).exclude(file_path=str(path)))
+    candidates = list(
+        LLMModel.objects.filter(size_bytes=size, base__isnull=True).exclude(file_path=str(path))
+    )
     if not candidates:
         return None, sha256
     digest = sha256 or sha256_file(path)
@@ -278,7 +280,7 @@ def copies(models: list[LLMModel]) -> dict[int, list[LLMModel]]:
     entry per file was enforced, shown on the pages so one can be deleted."""
     by_hash: dict[str, list[LLMModel]] = {}
     for model in models:
-        if model.sha256:
+        if model.sha256 and not model.base_id:  # a derived model shares its base's on purpose
             by_hash.setdefault(model.sha256, []).append(model)
     return {
         model.pk: [other for other in group if other.pk != model.pk]
@@ -431,7 +433,8 @@ def clean_partial_files() -> list[str]:
     active = set(_active_jobs(Job.Kind.DOWNLOAD).values_list("id", flat=True))
     removed = []
     now = time.time()
-    for path in models_dir().glob(".*.part"):
+    # Blob uploads (inference.blobs) write theirs in .blobs/; they go by age like an upload's.
+    for path in [*models_dir().glob(".*.part"), *models_dir().glob(".blobs/.*.part")]:
         download = re.fullmatch(r"\.download-(\d+)\.part", path.name)
         if download:
             stale = int(download.group(1)) not in active

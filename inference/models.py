@@ -24,6 +24,7 @@ class LLMModel(models.Model):
         PACKAGE = "package", "from an installed package"
         IMPORT = "import", "imported with manage.py import_model"
         PULL = "pull", "pulled from a model registry"
+        DERIVED = "derived", "made from another model (its weights, own settings)"
 
     class KvType(models.TextChoices):
         F16 = "f16"
@@ -31,7 +32,8 @@ class LLMModel(models.Model):
         Q4_0 = "q4_0"
 
     name = models.SlugField(max_length=100, unique=True)
-    file_path = models.CharField(max_length=1000, unique=True)
+    # Unique among models with weights of their own (see Meta); a derived model has none.
+    file_path = models.CharField(max_length=1000, blank=True)
     size_bytes = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)
     source = models.CharField(max_length=10, choices=Source.choices, default=Source.SCAN)
@@ -67,6 +69,14 @@ class LLMModel(models.Model):
     default_params = models.JSONField(default=dict, blank=True)
     chat_template_override = models.TextField(blank=True)
     keep_alive = models.CharField(max_length=20, blank=True, help_text="e.g. 5m, 1h, 0, -1")
+    # A derived model (Ollama's create `from`): its base's weights, loaded once under the base's
+    # name, with this entry's own system prompt, defaults, template and seed messages.
+    base = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="derived"
+    )
+    seed_messages = models.JSONField(
+        default=list, blank=True, help_text="messages put before every conversation"
+    )
 
     is_default = models.BooleanField(default=False)
     hidden = models.BooleanField(default=False, help_text="deleted packaged model: not listed")
@@ -86,6 +96,12 @@ class LLMModel(models.Model):
     class Meta:
         ordering = ["name"]
         base_manager_name = "all_objects"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["file_path"], condition=models.Q(base__isnull=True),
+                name="one_entry_per_weights_file",
+            )
+        ]  # fmt: skip
 
     def __str__(self) -> str:
         return self.name
@@ -93,6 +109,11 @@ class LLMModel(models.Model):
     @property
     def effective_chat_template(self) -> str:
         return self.chat_template_override or self.chat_template
+
+    @property
+    def weights(self) -> "LLMModel":
+        """The entry whose file and load settings serve this one: its base, or itself."""
+        return self.base if self.base_id else self
 
 
 class PulledName(models.Model):

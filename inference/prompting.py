@@ -69,16 +69,30 @@ def raw_prompt(model: LLMModel, text: str, think: Think = None) -> Prompt:
     return Prompt(text, add_special(model, text), thinks, thinks and prompt_opens_thinking(text))
 
 
+def with_model_messages(model: LLMModel, messages: list[dict]) -> list[dict]:
+    """The conversation as the model gets it: its default system prompt first when the
+    conversation has none, then its seed messages (a derived model's MESSAGE lines), then the
+    conversation's own after any system message it opens with."""
+    if model.system_prompt and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": model.system_prompt}, *messages]
+    seed = [m for m in model.seed_messages or () if isinstance(m, dict)]
+    if not seed:
+        return messages
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    return [*messages[:lead], *seed, *messages[lead:]]
+
+
 def render_prompt(
     model: LLMModel, messages: list[dict], *, tools: list | None = None, think: Think = None
 ) -> str:
     """The model's chat template applied to `messages`, with the model's default system prompt
-    placed first when the conversation has none. `think`: None leaves thinking to the template,
-    False turns it off, True or a level ("low", "medium", "high") turns it on.
+    and seed messages placed first (with_model_messages). `think`: None leaves thinking to the
+    template, False turns it off, True or a level ("low", "medium", "high") turns it on.
 
     Blocks up to ~5 s; from async code, run it in render_executor(), not the default pool."""
-    if model.system_prompt and not any(m.get("role") == "system" for m in messages):
-        messages = [{"role": "system", "content": model.system_prompt}, *messages]
+    messages = with_model_messages(model, messages)
     template = model.effective_chat_template or None
     prompt = render_chat_isolated(
         template,

@@ -18,6 +18,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -50,6 +51,11 @@ class EndpointPolicy:
     # The largest body the gate lets through; None for DATA_UPLOAD_MAX_MEMORY_SIZE, which is also
     # what parse_body (request.body) accepts, so a larger cap needs a view that streams its body.
     max_body: int | None = None
+    # Where the gate streams a large body (a blob upload) before the view runs, instead of
+    # Django spooling it to the system's temp directory: a directory on the disk it is kept on.
+    # The gate checks the key's scope and the free disk there first; the view finds the file
+    # and its sha256 in request.scope["appliance.body"] (see appliance.gate).
+    body_to: Callable[[], Path] | None = None
 
     def needs_key(self) -> bool:
         return self.public is None or not self.public()
@@ -135,11 +141,12 @@ def api_endpoint(
     scope: str = ApiKey.Scope.CHAT,
     public: Callable[[], bool] | None = None,
     max_body: int | None = None,
+    body_to: Callable[[], Path] | None = None,
 ) -> Callable[[View], View]:
     """Wrap an async view: method check, key check (unless `public()` says it is open), and
     ApiError (or a bug) → the dialect's error response. The key is left on `request.api_key`.
     The same rules are recorded on the view (`policy_of`), with the body cap the gate enforces."""
-    policy = EndpointPolicy(dialect, methods, scope, public, max_body)
+    policy = EndpointPolicy(dialect, methods, scope, public, max_body, body_to)
 
     def decorate(view: View) -> View:
         @functools.wraps(view)

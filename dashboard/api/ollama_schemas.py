@@ -1,4 +1,5 @@
-"""Ollama request bodies: /api/chat, /api/generate, /api/show, /api/delete and /api/pull."""
+"""Ollama request bodies: /api/chat, /api/generate, /api/show, /api/delete, /api/pull,
+/api/create and /api/copy."""
 
 from typing import Annotated, Any, Literal
 
@@ -226,3 +227,36 @@ class OllamaPullRequest(Strict):
     @property
     def target(self) -> str:
         return self.model or self.name
+
+
+class OllamaCreateRequest(Strict):
+    """/api/create: a model from an uploaded blob (`files`: {"name.gguf": "sha256:…"}) or
+    `from` an existing one, with its own system prompt, parameters, template and messages."""
+
+    model: ModelName = ""
+    name: ModelName = ""
+    from_: ModelName = Field("", alias="from")
+    files: dict[str, Annotated[str, Field(max_length=80)]] | None = Field(None, max_length=16)
+    adapters: dict[str, str] | None = None
+    template: str | None = Field(None, max_length=64_000)
+    license: str | list[str] | None = None
+    system: str | None = Field(None, max_length=32_000)
+    parameters: dict[str, Any] | None = Field(None, max_length=64)
+    messages: list[dict[str, Any]] | None = Field(None, max_length=64)
+    quantize: str | None = None
+    stream: bool = True
+
+    @property
+    def target(self) -> str:
+        return self.model or self.name
+
+    @property
+    def license_text(self) -> str | None:
+        return "\n".join(self.license) if isinstance(self.license, list) else self.license
+
+
+class OllamaCopyRequest(Strict):
+    """/api/copy: another name for a model."""
+
+    source: ModelName
+    destination: ModelName

@@ -1,8 +1,11 @@
-"""The registry and the loaded models in Ollama's shapes: /api/tags, /api/ps, /api/show."""
+"""The catalog and the loaded models in Ollama's shapes: /api/tags, /api/ps, /api/show (with a
+derived model's base as its parent and FROM)."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from dashboard.api.tools import template_renders_tools
+from inference.creating import ollama_parameters
 from inference.models import LLMModel
 from inference.thinking import thinking_mode
 
@@ -41,7 +44,8 @@ def human_count(count: int | None) -> str:
 
 def details(model: LLMModel) -> dict:
     return {
-        "parent_model": "",
+        # A derived model's base, by the name /api/tags lists it under.
+        "parent_model": tag_name(model.base) if model.base_id else "",
         "format": "gguf",
         "family": model.architecture,
         "families": [model.architecture] if model.architecture else None,
@@ -94,8 +98,9 @@ def process(row: dict, model: LLMModel | None, runner: dict, now: datetime) -> d
 def _parameters(model: LLMModel) -> str:
     # An explicit context per sequence, as a Modelfile's PARAMETER num_ctx; an automatic one
     # (n_ctx 0) is sized at load, and /api/ps reports what was loaded.
-    lines = [f"{'num_ctx':<15} {model.n_ctx}"] if model.n_ctx else []
-    for key, value in sorted((model.default_params or {}).items()):
+    n_ctx = model.weights.n_ctx
+    lines = [f"{'num_ctx':<15} {n_ctx}"] if n_ctx else []
+    for key, value in sorted(ollama_parameters(model).items()):
         for item in value if isinstance(value, list) else [value]:
             lines.append(f"{key:<15} {item}")
     return "\n".join(lines)
@@ -118,16 +123,23 @@ def show(model: LLMModel) -> dict:
         capabilities.append("tools")
     if thinking_mode(model.effective_chat_template):
         capabilities.append("thinking")  # Ollama's name: think: true is accepted
-    modelfile = [f"FROM {model.name}"]
+    modelfile = [f"FROM {tag_name(model.base) if model.base_id else model.name}"]
+    if model.chat_template_override:
+        modelfile.append(f'TEMPLATE """{model.chat_template_override}"""')
     modelfile += [f"PARAMETER {line}" for line in _parameters(model).splitlines()]
     if model.system_prompt:
         modelfile.append(f'SYSTEM """{model.system_prompt}"""')
+    for message in model.seed_messages or []:
+        modelfile.append(f"MESSAGE {message['role']} {json.dumps(message['content'])}")
+    if model.license:
+        modelfile.append(f'LICENSE """{model.license}"""')
     return {
         "license": model.license,
         "modelfile": "\n".join(modelfile) + "\n",
         "parameters": _parameters(model),
         "template": model.effective_chat_template,
         "system": model.system_prompt,
+        "messages": list(model.seed_messages or []),
         "details": details(model),
         "model_info": {k: v for k, v in info.items() if v not in (None, "")},
         "capabilities": capabilities,

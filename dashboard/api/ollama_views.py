@@ -1,5 +1,6 @@
 """Ollama-compatible endpoints: /api/tags, /api/ps, /api/show, /api/chat, /api/generate,
-/api/version and DELETE /api/delete.
+/api/version and DELETE /api/delete (a name, a derived model, or a model with its file; the
+making of models is create_views').
 
 Answers stream as NDJSON by default (`stream: false` gives one object); the last line has
 `done: true`, the done reason and Ollama's timing fields in nanoseconds. An empty conversation
@@ -68,9 +69,15 @@ async def api_version(request: HttpRequest) -> JsonResponse:
 
 @ollama_get
 async def tags(request: HttpRequest) -> JsonResponse:
-    models = await sync_to_async(list)(LLMModel.objects.prefetch_related("pulled_names"))
+    return JsonResponse({"models": await sync_to_async(_tags)()})
+
+
+def _tags() -> list[dict]:
+    models = LLMModel.objects.select_related("base").prefetch_related(
+        "pulled_names", "base__pulled_names"
+    )
     # One entry per name, as Ollama lists them: a model pulled under two names shows twice.
-    return JsonResponse({"models": [tag(m, name) for m in models for name in tag_names(m)]})
+    return [tag(m, name) for m in models for name in tag_names(m)]
 
 
 def _running() -> list[dict]:
@@ -97,7 +104,8 @@ async def show_model(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, OllamaModelRequest)
     if not body.target:
         raise ApiError(400, "model is required", param="model")
-    return JsonResponse(show(await resolve_model(body.target)))
+    # show() reads a derived model's base and names: database reads, off the event loop.
+    return JsonResponse(await sync_to_async(show)(await resolve_model(body.target)))
 
 
 # --- delete ------------------------------------------------------------------------------
@@ -117,8 +125,9 @@ async def delete_model(request: HttpRequest) -> JsonResponse:
                              "message": f"{body.target} deleted; {model.name} keeps its other "
                              "names"})  # fmt: skip
     try:
-        # The registry page's delete: unload if idle, then unregister (the file goes when it
-        # lives in the models directory; a packaged model is hidden).
+        # The models page's delete: unload if idle, then unregister (the file goes when it
+        # lives in the models directory; a packaged model is hidden). A derived model goes
+        # alone, its base untouched; a base that derived models use is refused.
         outcome = await lifecycle.delete(model)
     except lifecycle.Refused as exc:
         raise ApiError(409, str(exc), code="model_in_use") from None
@@ -139,7 +148,7 @@ async def _load_or_unload(request, model: LLMModel, body: OllamaGenerationBase, 
         spec = dataclasses.replace(spec, keep_alive=body.keep_alive)
     try:
         if body.keep_alive == 0:
-            await get_client().unload(model.name)
+            await get_client().unload(spec.name)  # a derived model's engine is its base's
         else:
             await get_client().load(spec)
     except Exception as exc:  # noqa: BLE001 - a refused load or unload is an error status

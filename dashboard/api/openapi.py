@@ -22,6 +22,8 @@ BODIES = {
     "OllamaGenerateRequest": ollama_schemas.OllamaGenerateRequest,
     "OllamaModelRequest": ollama_schemas.OllamaModelRequest,
     "OllamaPullRequest": ollama_schemas.OllamaPullRequest,
+    "OllamaCreateRequest": ollama_schemas.OllamaCreateRequest,
+    "OllamaCopyRequest": ollama_schemas.OllamaCopyRequest,
     "OpenAIEmbeddingRequest": embed_schemas.OpenAIEmbeddingRequest,
     "OllamaEmbedRequest": embed_schemas.OllamaEmbedRequest,
     "OllamaEmbeddingsRequest": embed_schemas.OllamaEmbeddingsRequest,
@@ -88,6 +90,7 @@ _STATUS_TEXT = {
     413: "request body too large",
     429: "rate limit or engine queue full: see Retry-After",
     502: "the registry could not be reached, or sent something that is not the model",
+    501: "not supported by the appliance",
     503: "the engine is unavailable or the model could not be loaded",
     507: "the model (with the context asked, Ollama's num_ctx) does not fit in free memory",
 }
@@ -194,6 +197,37 @@ def build() -> dict:
             {**_json("Status"), "application/x-ndjson": {"schema": {"type": "string"}}},
             body="OllamaPullRequest", errors=(400, 401, 403, 404, 409, 413, 429, 502),
             tag="Ollama")},
+        "/api/create": {"post": _operation(
+            "Make a model from an uploaded blob (files) or derive one from a model (from), "
+            "with its own system, parameters, template and messages (admin keys only); "
+            "progress as NDJSON unless stream: false", ol,
+            {**_json("Status"), "application/x-ndjson": {"schema": {"type": "string"}}},
+            body="OllamaCreateRequest", errors=(400, 401, 403, 404, 409, 413, 429),
+            tag="Ollama")},
+        "/api/copy": {"post": _operation(
+            "Another name for a model (admin keys only)", ol, _json("Status"),
+            body="OllamaCopyRequest",
+            errors=(400, 401, 403, 404, 409, 413, 429), tag="Ollama")},
+        "/api/push": {"post": {**_operation(
+            "Not supported: the appliance publishes no models", ol, {},
+            errors=(401, 403, 413, 429, 501), tag="Ollama"),
+            "requestBody": {"content": {"application/json": {"schema": _OBJECT}}}}},
+        "/api/blobs/{digest}": {
+            "parameters": [{"name": "digest", "in": "path", "required": True,
+                            "schema": {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}}],
+            "head": {"summary": "200 when the blob (or a model with its bytes) is here, else "
+                     "404 (admin keys only)", "tags": ["Ollama"],
+                     "responses": {str(code): {"description": text} for code, text in (
+                         (200, "present"), (404, "not here"), (401, _STATUS_TEXT[401]),
+                         (403, _STATUS_TEXT[403]), (429, _STATUS_TEXT[429]))}},
+            "post": {**_operation(
+                "Upload a GGUF by its sha256 (admin keys only): streamed to the models "
+                "directory, verified, checked as a GGUF; 201 when kept", ol, {},
+                errors=(400, 401, 403, 409, 413, 429, 507), tag="Ollama"),
+                "requestBody": {"required": True, "content": {
+                    "application/octet-stream": {"schema": {"type": "string",
+                                                            "format": "binary"}}}}},
+        },
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},
@@ -203,6 +237,9 @@ def build() -> dict:
                 "schema": {"type": "object"}}}}},
         }},
     }  # fmt: skip
+    upload = paths["/api/blobs/{digest}"]["post"]["responses"]
+    upload["201"] = {"description": "the blob is kept"}
+    del upload["200"]
     return {
         "openapi": "3.1.0",
         "info": {

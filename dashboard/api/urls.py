@@ -4,6 +4,7 @@ page that manages its keys."""
 from django.urls import path, re_path
 
 from dashboard.api import (
+    create_views,
     embed_views,
     keys_views,
     metrics,
@@ -32,6 +33,10 @@ urlpatterns = [
     path("api/generate", ollama_views.generate, name="ollama_generate"),
     path("api/delete", ollama_views.delete_model, name="ollama_delete"),
     path("api/pull", pull_views.pull, name="ollama_pull"),
+    path("api/push", create_views.push, name="ollama_push"),
+    path("api/create", create_views.create, name="ollama_create"),
+    path("api/copy", create_views.copy, name="ollama_copy"),
+    path("api/blobs/<str:digest>", create_views.blob, name="ollama_blob"),
     path("api/embed", embed_views.ollama_embed, name="ollama_embed"),
     path("api/embeddings", embed_views.ollama_embeddings, name="ollama_embeddings"),
     # Monitoring and description

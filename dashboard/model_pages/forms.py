@@ -256,3 +256,23 @@ def _free_name(name: str) -> str:
         return check_name(name)
     except ImportRefused as exc:
         raise forms.ValidationError(str(exc)) from None
+
+
+class DeriveForm(forms.Form):
+    """A derived model (inference.creating): a name, the model whose weights it shares, and its
+    own system prompt and a few sampling defaults; the same checks as /api/create's."""
+
+    name = forms.CharField(max_length=100, label="Name")
+    base = forms.ModelChoiceField(queryset=LLMModel.objects.filter(base__isnull=True),
+                                  to_field_name="name", label="Base model")  # fmt: skip
+    system = forms.CharField(required=False, max_length=32_000, label="System prompt",
+                             widget=forms.Textarea(attrs={"rows": 3}))  # fmt: skip
+    temperature = forms.FloatField(required=False, label="Temperature")
+    top_p = forms.FloatField(required=False, label="Top p")
+    top_k = forms.IntegerField(required=False, label="Top k")
+    num_predict = forms.IntegerField(required=False, label="Answer length (tokens)")
+
+    def parameters(self) -> dict:
+        """The sampling fields filled in, in Ollama's names (creating.sampling_parameters)."""
+        return {key: self.cleaned_data[key] for key in ("temperature", "top_p", "top_k",
+                "num_predict") if self.cleaned_data.get(key) is not None}  # fmt: skip

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.utils import timezone
 
 from dashboard.web.panels import RunnerPanel, runner_panel
-from inference import plain
+from inference import creating, plain
 from inference.catalog import spec_for
 from inference.gguf import GGUFError
 from inference.importing import unregister
@@ -119,7 +119,7 @@ def memory(snaps: list[dict]) -> Memory | None:
 def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     """The estimate for the model's current settings, or None and why not."""
     try:
-        info = gguf_info(model.file_path)
+        info = gguf_info(model.weights.file_path)
     except GGUFError as exc:
         return None, plain.message(exc)  # its sentence, then the reader's detail
     found = estimate_for_settings(
@@ -153,7 +153,7 @@ async def load(model: LLMModel) -> dict | None:
     started = time.time()
     await client.load(spec)
     after_snaps = await sync_to_async(client.snapshots)()
-    row = loaded_rows(after_snaps).get(model.name)
+    row = loaded_rows(after_snaps).get(spec.name)
     found, _ = await sync_to_async(estimate)(model)
     updates: dict = {"last_used_at": timezone.now()}
     if found is not None:
@@ -202,7 +202,14 @@ async def unload(model: LLMModel) -> bool:
 
 async def delete(model: LLMModel) -> str:
     """Unload if loaded and idle, then unregister (inference.importing.unregister decides what
-    happens to the file). Refused while the model answers a request."""
+    happens to the file). Refused while the model answers a request, and for weights a derived
+    model uses. A derived model goes alone: its base's engine and file stay."""
+    if model.base_id:
+        return await sync_to_async(creating.forget)(model)
+    users = await sync_to_async(creating.derived_of)(model)
+    if users:
+        raise Refused(f"{model.name}'s weights serve the derived models {', '.join(users)}; "
+                      "delete those first")  # fmt: skip
     client = get_client()
     row = loaded_rows(await sync_to_async(client.snapshots)()).get(model.name)
     if row is not None:

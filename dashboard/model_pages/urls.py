@@ -3,7 +3,7 @@ keeps a model from being named like one of them."""
 
 from django.urls import path
 
-from dashboard.model_pages import actions, pulls, views
+from dashboard.model_pages import actions, derive, pulls, views
 
 urlpatterns = [
     path("", views.model_list, name="models"),
@@ -12,6 +12,7 @@ urlpatterns = [
     path("upload/", actions.upload, name="models-upload"),
     path("download/", actions.download, name="models-download"),
     path("pull/", pulls.pull, name="models-pull"),
+    path("derive/", derive.derive, name="models-derive"),
     path("jobs/<int:pk>/", views.job_status, name="model-job"),
     path("jobs/<int:pk>/cancel/", actions.job_cancel, name="model-job-cancel"),
     path("jobs/<int:pk>/retry/", actions.job_retry, name="model-job-retry"),

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.model_pages import lifecycle
 from dashboard.model_pages.display import bytes_label, params_label, seconds_label
-from dashboard.model_pages.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages.forms import DeriveForm, DownloadForm, ModelSettingsForm, UploadForm
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
 from inference import plain
@@ -41,7 +41,7 @@ def wants_json(request: HttpRequest) -> bool:
 def model_list(request: HttpRequest) -> HttpResponse:
     snaps = lifecycle.snapshots()
     loaded = {name: loaded_view(row) for name, row in lifecycle.loaded_rows(snaps).items()}
-    models = list(LLMModel.objects.all())
+    models = list(LLMModel.objects.select_related("base"))
     same = copies(models)
     rows = [{
         "model": m,
@@ -49,7 +49,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "size": bytes_label(m.size_bytes),
         "estimate": bytes_label(m.estimated_bytes) if m.estimated_bytes else "?",
         "loaded": loaded.get(m.name),
-        "file_missing": not os.path.isfile(m.file_path),
+        "file_missing": not os.path.isfile(m.weights.file_path),
         "copies": same.get(m.pk, []),
     } for m in models]  # fmt: skip
     return render(request, "model_pages/models.html", {
@@ -60,6 +60,7 @@ def model_list(request: HttpRequest) -> HttpResponse:
         "jobs": [job_view(job) for job in recent_jobs()],
         "upload_form": UploadForm(),
         "download_form": DownloadForm(),
+        "derive_form": DeriveForm(),
         "models_dir": models_dir(),
         "disk_free": bytes_label(shutil.disk_usage(models_dir()).free),
     })  # fmt: skip
@@ -132,7 +133,7 @@ def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
         "loading": lifecycle.loading_names(snaps),
         "runners": runners,
         "hash_job": hash_job,
-        "file_missing": not os.path.isfile(model.file_path),
+        "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
     }, status=status)  # fmt: skip
@@ -292,7 +293,7 @@ def facts(model: LLMModel) -> list[tuple[str, str]]:
         ("Tokenizer", f"{shown(model.tokenizer)}, vocabulary {shown(meta.get('vocab_size'))}"),
         ("BOS / EOS", f"{shown(meta.get('bos_token'))} / {shown(meta.get('eos_token'))}"),
         ("License", shown(model.license)),
-        ("File", model.file_path),
+        ("File", model.weights.file_path),
         ("File size", f"{bytes_label(model.size_bytes)} ({model.size_bytes} bytes)"),
         ("GGUF version", shown(meta.get("gguf_version"))),
         ("Tensors", shown(meta.get("tensor_count"))),

@@ -5,6 +5,7 @@ import asyncio
 import json
 import time
 import types
+from pathlib import Path
 
 import pytest
 from django.core.asgi import get_asgi_application
@@ -89,7 +90,7 @@ async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(route):
 def test_the_routes_that_were_missing_from_the_gates_old_list_are_keyed():
     keyed = {str(route) for route in keyed_body_routes()}
     assert {"POST /v1/embeddings", "POST /api/embed", "POST /api/embeddings",
-            "POST /api/pull"} <= keyed  # fmt: skip
+            "POST /api/pull", "POST /api/create"} <= keyed  # fmt: skip
 
 
 def test_every_api_route_a_path_can_name_declares_its_policy():
@@ -298,3 +299,79 @@ async def test_django_behind_the_gate_still_answers():
 
     sent = await call(BodyGate(get_asgi_application()), http_scope("GET", "/healthz", {}), receive)
     assert status_of(sent) in (200, 503)
+
+
+def test_a_blob_upload_may_be_far_larger_than_a_json_body(settings):
+    rule = api_rule("/api/blobs/sha256:" + "0" * 64)
+    assert rule == ApiRule("ollama", keyed=True, cap=settings.MAX_BLOB_BYTES)
+    assert rule.cap > 1000 * settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert api_rule("/api/create").cap == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+
+
+BLOB = "/api/blobs/sha256:" + "0" * 64
+
+
+def body_of(*chunks: bytes):
+    messages = iter([{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                     for i, c in enumerate(chunks)])  # fmt: skip
+
+    async def receive():
+        return next(messages, {"type": "http.disconnect"})
+
+    return receive
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_blob_body_is_streamed_to_the_models_disk_by_the_gate(settings, tmp_path):
+    """The gate writes a blob upload into the blobs directory, hashed, and hands the view an
+    empty body and the file; what the view did not keep is removed after it."""
+    import hashlib
+
+    from asgiref.sync import sync_to_async
+
+    from dashboard.models import ApiKey
+
+    settings.MODELS_DIR = tmp_path
+    _, admin = await sync_to_async(ApiKey.create)("gate-admin", "admin")
+    _, chat = await sync_to_async(ApiKey.create)("gate-chat")
+    inner = Recorder()
+    headers = {"Content-Length": "6"}
+    as_chat = http_scope("POST", BLOB, {**headers, "Authorization": f"Bearer {chat}"})
+    sent = await call(BodyGate(inner), as_chat)
+    assert status_of(sent) == 403 and inner.scopes == []
+    seen = {}
+
+    class Keeps(Recorder):
+        async def __call__(self, scope, receive, send):
+            seen.update(scope["appliance.body"])
+            seen["there"] = Path(seen["path"]).read_bytes()
+            await super().__call__(scope, receive, send)
+
+    keeps = Keeps()
+    as_admin = http_scope("POST", BLOB, {**headers, "Authorization": f"Bearer {admin}"})
+    sent = await call(BodyGate(keeps), as_admin, body_of(b"abc", b"def"))
+    assert status_of(sent) == 200
+    assert seen["there"] == b"abcdef" and seen["size"] == 6
+    assert seen["sha256"] == hashlib.sha256(b"abcdef").hexdigest()
+    assert keeps.received == [{"type": "http.request", "body": b"", "more_body": False}]
+    assert dict(keeps.scopes[0]["headers"])[b"content-length"] == b"0"
+    assert not Path(seen["path"]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_blob_larger_than_the_free_disk_gets_507_before_a_byte_is_read(
+    settings, tmp_path, monkeypatch
+):
+    from asgiref.sync import sync_to_async
+
+    from dashboard.models import ApiKey
+
+    settings.MODELS_DIR = tmp_path
+    full = types.SimpleNamespace(free=999)
+    monkeypatch.setattr("appliance.gate.shutil.disk_usage", lambda _: full)
+    _, admin = await sync_to_async(ApiKey.create)("gate-admin", "admin")
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", BLOB, {
+        "Content-Length": "1000", "Authorization": f"Bearer {admin}"}))  # fmt: skip
+    assert status_of(sent) == 507 and b"disk space" in sent[1]["body"]
+    assert inner.scopes == []

@@ -1,0 +1,183 @@
+"""Ollama's model making: HEAD/POST /api/blobs/sha256:<digest>, /api/create, /api/copy, and
+/api/push (refused: the appliance does not publish models). Every one needs an admin key, as
+pulling and deleting do.
+
+A blob upload streams (inference.blobs): up to MAX_BLOB_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE.
+Served by the appliance, the gate writes the body into the blobs directory, hashed on the way,
+after checking the key's scope and the free disk (appliance.gate, `body_to`), and the view
+verifies and keeps that file; without the gate (Django's test client) the view reads the body
+in chunks, never as request.body.
+
+/api/create with `files` installs the blob as a model of its own, like an upload from the models
+page (the validating reader, the same registration); a blob whose bytes a listed model holds
+already, or `from` a model, makes a derived model instead (inference.creating): the weights are
+shared, never copied, and its settings are its own. The progress lines follow Ollama's
+(`gathering model components`, `using existing layer sha256:…`, `writing manifest`, `success`),
+or one object with `stream: false`; a refusal is an error status before any line.
+"""
+
+import logging
+from pathlib import Path
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api.auth import api_endpoint
+from dashboard.api.errors import ApiError
+from dashboard.api.ollama_schemas import OllamaCopyRequest, OllamaCreateRequest
+from dashboard.api.schemas import parse_body
+from dashboard.api.streaming import ndjson
+from dashboard.models import ApiKey
+from inference import blobs, creating
+from inference.catalog import UnknownModel, resolve
+from inference.gguf import GGUFError
+from inference.importing import ImportRefused, install_file, safe_filename
+from inference.models import LLMModel, PulledName
+
+log = logging.getLogger(__name__)
+
+admin_post = api_endpoint(dialect="ollama", methods=("POST",), scope=ApiKey.Scope.ADMIN)
+
+
+def _refused(exc: creating.CreateRefused | blobs.BlobRefused) -> ApiError:
+    return ApiError(exc.status, str(exc), param=getattr(exc, "param", None))
+
+
+@api_endpoint(dialect="ollama", methods=("HEAD", "POST"), scope=ApiKey.Scope.ADMIN,
+              max_body=settings.MAX_BLOB_BYTES, body_to=blobs.blobs_dir)  # fmt: skip
+async def blob(request: HttpRequest, digest: str) -> HttpResponse:
+    try:
+        if request.method == "HEAD":
+            found = await sync_to_async(blobs.present)(digest)
+            return HttpResponse(status=200 if found else 404)
+        spooled = getattr(request, "scope", {}).get("appliance.body")
+        if spooled is not None:  # the gate streamed it into the blobs directory already
+            await sync_to_async(blobs.adopt, thread_sensitive=False)(
+                digest, Path(spooled["path"]), spooled["sha256"]
+            )
+        else:
+            length = int(request.headers.get("Content-Length") or 0) or None
+            # Off the shared sync thread: an upload of gigabytes must not hold up the ORM's.
+            await sync_to_async(blobs.receive, thread_sensitive=False)(
+                digest, request.read, length
+            )
+    except blobs.BlobRefused as exc:
+        raise _refused(exc) from None
+    log.info("blob %s received (key %s)", digest, request.api_key.name)
+    return HttpResponse(status=201)
+
+
+def _make(body: OllamaCreateRequest) -> tuple[LLMModel, list[dict]]:
+    """The model the request makes, and the progress lines that say how."""
+    name = body.target
+    if not name:
+        raise creating.CreateRefused("model is required", "model")
+    if body.quantize:
+        raise creating.CreateRefused("quantizing is not supported: upload or pull the "
+                                     "quantization you want", "quantize")  # fmt: skip
+    if body.adapters:
+        raise creating.CreateRefused("adapters (LoRA) are not supported", "adapters")
+    parameters, ignored = creating.sampling_parameters(body.parameters)
+    settings_ = {"system": body.system, "template": body.template, "parameters": parameters,
+                 "messages": creating.seed_messages(body.messages),
+                 "license": body.license_text}  # fmt: skip
+    lines = [{"status": "gathering model components"}]
+    lines += [{"status": f"parameter {key} is not used: the base's load settings apply"}
+              for key in ignored]  # fmt: skip
+    if body.files:
+        model = _from_blob(name, body.files, settings_, lines)
+    elif body.from_:
+        try:
+            base = resolve(body.from_)
+        except UnknownModel as exc:
+            raise creating.CreateRefused(str(exc), "from", status=404) from None
+        lines.append({"status": f"using existing layer sha256:{base.weights.sha256}"})
+        model = creating.derive(base, name, **settings_)
+    else:
+        raise creating.CreateRefused("create needs `from` (a model) or `files` (an uploaded "
+                                     "blob)", "from")  # fmt: skip
+    lines += [{"status": "writing manifest"}, {"status": "success"}]
+    return model, lines
+
+
+def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LLMModel:
+    weights = [(file, digest) for file, digest in files.items() if file.lower().endswith(".gguf")]
+    if len(weights) != 1 or len(files) != 1:
+        raise creating.CreateRefused("files must name one GGUF file (a model without a "
+                                     "projector or adapters)", "files")  # fmt: skip
+    filename, digest = weights[0]
+    try:
+        hexdigest = blobs.digest_hex(digest)
+    except blobs.BlobRefused as exc:
+        raise creating.CreateRefused(str(exc), "files") from None
+    lines.append({"status": f"using existing layer sha256:{hexdigest}"})
+    existing = blobs.model_with(digest)
+    if existing is not None:
+        # Those bytes are loaded as a model already: share them, as Ollama's layers are shared
+        # (an uploaded copy of them is not needed then).
+        model = creating.derive(existing, name, **settings_)
+        blobs.blob_path(digest).unlink(missing_ok=True)
+        return model
+    path = blobs.blob_path(digest)
+    if not path.is_file():
+        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
+                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
+    slug, display = creating.entry_name(name)
+    if creating.name_taken(display) is not None:
+        raise creating.CreateRefused(f"a model named {display} exists already; delete it first",
+                                     "model", status=409)  # fmt: skip
+    # The settings checked before the file moves, so a refusal leaves the blob as it was.
+    creating.apply_settings(LLMModel(metadata={}), **settings_)
+    try:
+        model = install_file(path, safe_filename(filename), source=LLMModel.Source.UPLOAD,
+                             name=slug, sha256=hexdigest)  # fmt: skip
+    except ImportRefused as exc:
+        raise creating.CreateRefused(str(exc), "model", status=409) from None
+    except GGUFError as exc:
+        path.unlink(missing_ok=True)
+        raise creating.CreateRefused(f"the blob is not a GGUF model: {exc}", "files") from None
+    creating.apply_settings(model, **settings_)
+    model.save()
+    PulledName.objects.get_or_create(name=display, model=model)
+    return model
+
+
+@admin_post
+async def create(request: HttpRequest) -> HttpResponse:
+    body = parse_body(request, OllamaCreateRequest)
+    try:
+        model, lines = await sync_to_async(_make)(body)
+    except creating.CreateRefused as exc:
+        raise _refused(exc) from None
+    log.info("created %s%s (key %s)", model.name,
+             f" from {model.base.name}" if model.base_id else "", request.api_key.name)  # fmt: skip
+    if not body.stream:
+        return JsonResponse(lines[-1])
+    return HttpResponse(b"".join(ndjson(line) for line in lines),
+                        content_type="application/x-ndjson")  # fmt: skip
+
+
+def _copy(body: OllamaCopyRequest) -> str:
+    try:
+        model = resolve(body.source)
+    except UnknownModel as exc:
+        raise creating.CreateRefused(str(exc), "source", status=404) from None
+    return creating.add_name(model, body.destination)
+
+
+@admin_post
+async def copy(request: HttpRequest) -> JsonResponse:
+    body = parse_body(request, OllamaCopyRequest)
+    try:
+        name = await sync_to_async(_copy)(body)
+    except creating.CreateRefused as exc:
+        raise _refused(exc) from None
+    log.info("%s copied to %s (key %s)", body.source, name, request.api_key.name)
+    return JsonResponse({"status": "success"})
+
+
+@admin_post
+async def push(request: HttpRequest) -> JsonResponse:
+    raise ApiError(501, "pushing models is not supported: the appliance serves the models it "
+                   "has and publishes none to a registry", code="not_supported")  # fmt: skip
