@@ -66,7 +66,7 @@ def message_shell(run: Run, model_name: str) -> dict:
             "content": [], "stop_reason": None, "stop_sequence": None}  # fmt: skip
 
 
-async def _conversation(body: CountTokensRequest, request: HttpRequest):
+async def _conversation(body: CountTokensRequest):
     model = await resolve_model(body.model)
     prompt = await chat_prompt(model, body.template_messages(), body.active_tools,
                                think=body.think, think_param="thinking")  # fmt: skip
@@ -76,7 +76,7 @@ async def _conversation(body: CountTokensRequest, request: HttpRequest):
 @anthropic_endpoint
 async def messages(request: HttpRequest):
     body = parse_body(request, MessagesRequest)
-    model, prompt = await _conversation(body, request)
+    model, prompt = await _conversation(body)
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls)
     asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
                         cache_partition=cache_partition(request))  # fmt: skip
@@ -190,7 +190,7 @@ async def count_tokens(request: HttpRequest) -> JsonResponse:
     tools and thinking switch), counted by the model's own tokenizer in its runner: the
     input_tokens plus cache_read_input_tokens of that answer."""
     body = parse_body(request, CountTokensRequest)
-    model, prompt = await _conversation(body, request)
+    model, prompt = await _conversation(body)
     return JsonResponse({"input_tokens": await count_prompt_tokens(model, prompt.prompt)})
 
 
