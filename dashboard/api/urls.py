@@ -28,8 +28,9 @@ urlpatterns = [
     path("v1/embeddings", embed_views.openai_embeddings, name="openai_embeddings"),
     # Anthropic
     path("v1/messages", anthropic_views.messages, name="anthropic_messages"),
-    path("v1/messages/count_tokens", anthropic_views.count_tokens,
-         name="anthropic_count_tokens"),  # fmt: skip
+    path(
+        "v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic_count_tokens"
+    ),
     # Ollama
     path("api/version", ollama_views.api_version, name="ollama_version"),
     path("api/tags", ollama_views.tags, name="ollama_tags"),

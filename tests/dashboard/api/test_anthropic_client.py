@@ -63,9 +63,7 @@ def test_it_answers_a_message_with_anthropic_usage(client):
     assert message.model_extra["timings"]["predicted_n"] == usage.output_tokens
 
 
-def test_the_answer_is_the_chat_completions_answer_to_the_same_conversation(
-    client, openai_client
-):
+def test_the_answer_is_the_chat_completions_answer_to_the_same_conversation(client, openai_client):
     """One prompt path: the system prompt (a string or text blocks) reaches the template as
     chat completions' system message does, so a greedy answer is the same."""
     system = "You are a pirate."
@@ -208,8 +206,9 @@ def test_the_key_goes_as_x_api_key_or_bearer(appliance, client):
 
 def test_errors_come_in_anthropics_shape(appliance, client):
     with pytest.raises(anthropic.BadRequestError) as raised:
-        client.messages.create(model=STARTER, max_tokens=8, messages=HI,
-                               extra_body={"temperature": 1.5})
+        client.messages.create(
+            model=STARTER, max_tokens=8, messages=HI, extra_body={"temperature": 1.5}
+        )
     body = raised.value.body
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "temperature" in body["error"]["message"]
