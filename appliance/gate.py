@@ -5,19 +5,20 @@ Django's ASGI handler reads the whole body (spooled to a temporary file) before 
 middleware runs, so a view's 401 or 413 comes only after the last byte has been received and
 copied. This ASGI middleware answers before reading anything:
 
-- 401 for a keyed API endpoint called with a body but without a valid `Authorization: Bearer
-  <key>`;
+- 401 for a keyed API endpoint called with a body but without a valid key (`Authorization:
+  Bearer <key>` or `x-api-key: <key>`, read by dashboard.api.auth's `presented_key`, as the views
+  read it);
 - 302 to the sign-in page for POST /models/upload/ without a session cookie;
 - 413 for an API body over the endpoint's cap, from its Content-Length, or, for a body without
   one (chunked), as soon as the bytes counted so far pass the cap.
 
 What is keyed and how large a body may be are not the gate's to decide: it resolves the path
-(/v1/*, /api/*, /metrics) to its view and reads what the view declared with `api_endpoint`
-(dashboard.api.auth's EndpointPolicy): keyed unless its `public()` says open (/api/openapi.json
-always, /metrics when METRICS_PUBLIC), the cap its `max_body` or DATA_UPLOAD_MAX_MEMORY_SIZE
-(what parse_body accepts). So an endpoint is gated the day it is declared, and no list here can
-fall behind the views. A path whose view declares nothing (an unknown API path's JSON 404) is
-judged on its size only.
+(/v1/*, /api/*, and dashboard.api.urls' ROOT_PATHS: /metrics, /tokenize, ...) to its view and
+reads what the view declared with `api_endpoint` (dashboard.api.auth's EndpointPolicy): keyed
+unless its `public()` says open (/api/openapi.json always, /metrics when METRICS_PUBLIC), the cap
+its `max_body` or DATA_UPLOAD_MAX_MEMORY_SIZE (what parse_body accepts). So an endpoint is gated
+the day it is declared, and no list here can fall behind the views. A path whose view declares
+nothing (an unknown API path's JSON 404) is judged on its size only.
 
 A view that declares `body_to` (POST /api/blobs: a GGUF of gigabytes) has its body streamed by
 the gate into a hidden file in that directory, hashed on the way, once the key's scope and the
@@ -59,8 +60,9 @@ from django.shortcuts import resolve_url
 from django.urls import Resolver404, resolve
 
 from appliance.arrival import stamped
-from dashboard.api.auth import key_for, policy_of
+from dashboard.api.auth import KEY_HEADERS, key_for, policy_of, presented_key
 from dashboard.api.errors import ApiError, Dialect
+from dashboard.api.urls import ROOT_PATHS
 
 UPLOAD_PATH = "/models/upload/"
 
@@ -83,7 +85,7 @@ def api_rule(path: str) -> ApiRule | None:
     """The gate's rule for `path`: None off the API; else read from the view's EndpointPolicy
     (asked now: `public()` may depend on settings), or, for a view that declares none, no key
     and the default cap."""
-    if not (path.startswith(("/v1/", "/api/")) or path == "/metrics"):
+    if not (path.startswith(("/v1/", "/api/")) or path in ROOT_PATHS):
         return None
     try:
         policy = policy_of(resolve(path).func)
@@ -103,12 +105,11 @@ def _header(scope: dict, name: bytes) -> bytes | None:
     return None
 
 
-def _bearer(scope: dict) -> str | None:
-    raw = (_header(scope, b"authorization") or b"").decode("latin-1")
-    scheme, _, token = raw.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+def _presented_key(scope: dict) -> str | None:
+    def text(name: bytes) -> str:
+        return (_header(scope, name) or b"").decode("latin-1")
+
+    return presented_key(text(b"authorization"), text(b"x-api-key"))
 
 
 def _has_cookie(scope: dict, name: str) -> bool:
@@ -174,10 +175,10 @@ async def _refusal(scope: dict, rule: ApiRule, length: int | None) -> Responder 
     if not _has_body(scope):
         return None  # no body to spare: the view answers (401, 404, 405) as it would
     if rule.keyed:
-        raw = _bearer(scope)
+        raw = _presented_key(scope)
         if raw is None:
-            return _responder(401, "an API key is required: send the header "
-                              "'Authorization: Bearer <key>'", "missing_api_key", rule.dialect,
+            return _responder(401, f"an API key is required: send the header {KEY_HEADERS}",
+                              "missing_api_key", rule.dialect,
                               [(b"www-authenticate", b'Bearer realm="appliance"')])  # fmt: skip
         if await sync_to_async(key_for)(raw) is None:
             return _responder(

@@ -168,6 +168,7 @@ CELERY_TASK_DEFAULT_QUEUE = "jobs"
 CELERY_TASK_ROUTES = {
     "inference.generate": {"queue": "inference"},
     "inference.embed": {"queue": "inference"},
+    "inference.tokenize": {"queue": "inference"},
 }
 CELERY_IMPORTS = ["inference.serving.worker", "inference.tasks"]
 CELERY_BEAT_SCHEDULE = {

@@ -3,9 +3,11 @@
 Scopes nest: chat (generate, list) < manage (also load, unload and pin models through the Ollama
 empty-prompt form, and keep_alive beyond a model's own) < admin (also delete models).
 
-Only `Authorization: Bearer <key>` authenticates (what the openai and ollama clients send);
-session cookies never do, so a page a browser visits cannot ride on a logged-in admin's session,
-and CSRF does not apply. Keys are looked up by their SHA-256 hash.
+Only the key in a header authenticates: `Authorization: Bearer <key>` (what the openai and ollama
+clients send) or `x-api-key: <key>` (what the anthropic client sends), read by `presented_key`
+for the views and the gate alike; session cookies never do, so a page a browser visits cannot
+ride on a logged-in admin's session, and CSRF does not apply. Keys are looked up by their
+SHA-256 hash.
 
 `api_endpoint` is the one declaration of an endpoint's rules: it enforces them in the view and
 records them on it as an `EndpointPolicy`, which the gate (appliance.gate) reads to refuse an
@@ -69,12 +71,22 @@ def policy_of(view: Callable) -> EndpointPolicy | None:
     return getattr(view, "endpoint_policy", None)
 
 
-def bearer_token(request: HttpRequest) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+KEY_HEADERS = "'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+
+
+def presented_key(authorization: str | None, x_api_key: str | None) -> str | None:
+    """The key a request presents: its bearer token, else its x-api-key (the anthropic client's
+    header); None when it presents neither. The one reading of both headers, for the views
+    (api_key_of) and the gate (from the ASGI scope's headers)."""
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    key = (x_api_key or "").strip()
+    return key or None
+
+
+def api_key_of(request: HttpRequest) -> str | None:
+    return presented_key(request.headers.get("Authorization"), request.headers.get("X-Api-Key"))
 
 
 def key_for(raw: str) -> ApiKey | None:
@@ -111,10 +123,10 @@ def require_scope(key: ApiKey, scope: str, action: str = "this") -> None:
 
 async def authenticate(request: HttpRequest, scope: str) -> ApiKey:
     """The request's key, checked for scope and rate; raises ApiError (401, 403, 429)."""
-    raw = bearer_token(request)
+    raw = api_key_of(request)
     if raw is None:
         raise ApiError(
-            401, "an API key is required: send the header 'Authorization: Bearer <key>'",
+            401, f"an API key is required: send the header {KEY_HEADERS}",
             code="missing_api_key", headers={"WWW-Authenticate": 'Bearer realm="appliance"'},
         )  # fmt: skip
     key = await sync_to_async(key_for)(raw)

@@ -1,8 +1,9 @@
 """API errors, and how each dialect writes them.
 
 OpenAI clients expect {"error": {"message", "type", "param", "code"}}; Ollama clients expect
-{"error": "message"}. Both read the HTTP status, and a 429 carries Retry-After so a client backs
-off instead of hammering a busy box.
+{"error": "message"}; Anthropic clients expect {"type": "error", "error": {"type", "message"}}.
+All read the HTTP status, and a 429 carries Retry-After so a client backs off instead of
+hammering a busy box.
 """
 
 import json
@@ -14,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from inference.engine.refusals import RefusalKind, Refused
 
-Dialect = Literal["openai", "ollama"]
+Dialect = Literal["openai", "ollama", "anthropic"]
 
 # The OpenAI error `type` for each status (what its SDK maps to exception classes).
 _OPENAI_TYPES = {
@@ -27,6 +28,21 @@ _OPENAI_TYPES = {
     413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
+}
+
+# The Anthropic error `type` for each status (what its SDK maps to exception classes); any other
+# status is an api_error.
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
 }
 
 
@@ -54,6 +70,9 @@ class ApiError(Exception):
     def body(self, dialect: Dialect) -> dict:
         if dialect == "ollama":
             return {"error": self.message}
+        if dialect == "anthropic":
+            kind = _ANTHROPIC_TYPES.get(self.status, "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
         return {
             "error": {
                 "message": self.message,

@@ -10,7 +10,14 @@ import functools
 from django.http import HttpRequest, JsonResponse
 from pydantic.json_schema import models_json_schema
 
-from dashboard.api import embed_schemas, ollama_schemas, openai_schemas, responses_schemas
+from dashboard.api import (
+    anthropic_schemas,
+    embed_schemas,
+    ollama_schemas,
+    openai_schemas,
+    responses_schemas,
+    tokens,
+)
 from dashboard.api.auth import api_endpoint
 
 REF = "#/components/schemas/{model}"
@@ -27,6 +34,10 @@ BODIES = {
     "OpenAIEmbeddingRequest": embed_schemas.OpenAIEmbeddingRequest,
     "OllamaEmbedRequest": embed_schemas.OllamaEmbedRequest,
     "OllamaEmbeddingsRequest": embed_schemas.OllamaEmbeddingsRequest,
+    "MessagesRequest": anthropic_schemas.MessagesRequest,
+    "CountTokensRequest": anthropic_schemas.CountTokensRequest,
+    "TokenizeRequest": tokens.TokenizeRequest,
+    "DetokenizeRequest": tokens.DetokenizeRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -43,6 +54,26 @@ RESPONSES = {
     },
     "OllamaError": {"type": "object", "required": ["error"],
                     "properties": {"error": {"type": "string"}}},
+    "AnthropicError": {
+        "type": "object", "required": ["type", "error"],
+        "properties": {"type": {"const": "error"}, "error": {
+            "type": "object", "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        }},
+    },
+    "Message": {"type": "object",
+                "required": ["id", "type", "role", "model", "content", "stop_reason", "usage"],
+                "properties": {"type": {"const": "message"}, "role": {"const": "assistant"},
+                               "content": {"type": "array", "items": _OBJECT},
+                               "usage": _OBJECT, "timings": _OBJECT}},
+    "TokenCount": {"type": "object", "required": ["input_tokens"],
+                   "properties": {"input_tokens": {"type": "integer", "minimum": 0}}},
+    "Tokens": {"type": "object", "required": ["model", "tokens"],
+               "properties": {"tokens": {"type": "array"}}},
+    "Detokenized": {"type": "object", "required": ["model", "content"],
+                    "properties": {"content": {"type": "string"}}},
+    "AppliedTemplate": {"type": "object", "required": ["model", "prompt"],
+                        "properties": {"prompt": {"type": "string"}}},
     "ModelList": {"type": "object", "required": ["object", "data"],
                   "properties": {"object": {"const": "list"},
                                  "data": {"type": "array", "items": {"$ref": MODEL_REF}}}},
@@ -101,7 +132,8 @@ def _ref(name: str) -> dict:
 
 
 def _errors(dialect: str, codes: tuple[int, ...]) -> dict:
-    schema = _ref("OpenAIError" if dialect == "openai" else "OllamaError")
+    schema = _ref({"openai": "OpenAIError", "anthropic": "AnthropicError"}.get(dialect,
+                                                                             "OllamaError"))
     out = {}
     for code in codes:
         out[str(code)] = {"description": _STATUS_TEXT[code],
@@ -228,6 +260,26 @@ def build() -> dict:
                     "application/octet-stream": {"schema": {"type": "string",
                                                             "format": "binary"}}}}},
         },
+        "/v1/messages": {"post": _operation(
+            "Anthropic Messages, streamed as named server-sent events with stream: true; the "
+            "key as x-api-key or Bearer", "anthropic",
+            {**_json("Message"), "text/event-stream": {"schema": {"type": "string"}}},
+            body="MessagesRequest", errors=_GENERATION_ERRORS, tag="Anthropic")},
+        "/v1/messages/count_tokens": {"post": _operation(
+            "The prompt tokens /v1/messages would send for this conversation", "anthropic",
+            _json("TokenCount"), body="CountTokensRequest", errors=_GENERATION_ERRORS,
+            tag="Anthropic")},
+        "/tokenize": {"post": _operation(
+            "The model's token ids of a text (llama-server's), with their pieces if asked", o,
+            _json("Tokens"), body="TokenizeRequest", errors=_GENERATION_ERRORS,
+            tag="Tokenizer")},
+        "/detokenize": {"post": _operation(
+            "The text of token ids (llama-server's)", o, _json("Detokenized"),
+            body="DetokenizeRequest", errors=_GENERATION_ERRORS, tag="Tokenizer")},
+        "/apply-template": {"post": _operation(
+            "A chat completions body's messages rendered through the model's template "
+            "(llama-server's)", o, _json("AppliedTemplate"), body="ChatCompletionRequest",
+            errors=(400, 401, 404, 413, 429), tag="Tokenizer")},
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},
@@ -245,14 +297,21 @@ def build() -> dict:
         "info": {
             "title": "Home-lab appliance LAN API",
             "version": "1",
-            "description": "OpenAI- and Ollama-compatible endpoints for home apps. Every "
-            "endpoint but this description needs `Authorization: Bearer <key>`.",
+            "description": "OpenAI-, Ollama- and Anthropic-compatible endpoints for home apps, "
+            "and llama-server's tokenizer endpoints. Every endpoint but this description "
+            "needs `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
         },
         "servers": [{"url": "/"}],
+        # x-api-key (the anthropic client's header) is accepted everywhere too; it is described
+        # as a scheme but not required as an alternative, so generated requests (the
+        # schemathesis test) send the one bearer key.
         "security": [{"bearerAuth": []}],
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "bearerAuth": {"type": "http", "scheme": "bearer"},
+                "apiKeyHeader": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+            },
         },
         "paths": paths,
     }

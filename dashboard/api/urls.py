@@ -4,6 +4,7 @@ page that manages its keys."""
 from django.urls import path, re_path
 
 from dashboard.api import (
+    anthropic_views,
     create_views,
     embed_views,
     keys_views,
@@ -13,8 +14,12 @@ from dashboard.api import (
     openapi,
     pull_views,
     responses_views,
+    tokens,
 )
 from dashboard.api.errors import unknown_endpoint
+
+# The API's paths outside /v1/ and /api/ (the gate holds them to their views' declarations too).
+ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template")
 
 urlpatterns = [
     # OpenAI
@@ -24,6 +29,11 @@ urlpatterns = [
     path("v1/completions", openai_views.completions, name="openai_completions"),
     path("v1/responses", responses_views.responses, name="openai_responses"),
     path("v1/embeddings", embed_views.openai_embeddings, name="openai_embeddings"),
+    # Anthropic
+    path("v1/messages", anthropic_views.messages, name="anthropic_messages"),
+    path(
+        "v1/messages/count_tokens", anthropic_views.count_tokens, name="anthropic_count_tokens"
+    ),
     # Ollama
     path("api/version", ollama_views.api_version, name="ollama_version"),
     path("api/tags", ollama_views.tags, name="ollama_tags"),
@@ -39,6 +49,10 @@ urlpatterns = [
     path("api/blobs/<str:digest>", create_views.blob, name="ollama_blob"),
     path("api/embed", embed_views.ollama_embed, name="ollama_embed"),
     path("api/embeddings", embed_views.ollama_embeddings, name="ollama_embeddings"),
+    # llama-server's tokenizer endpoints
+    path("tokenize", tokens.tokenize, name="tokenize"),
+    path("detokenize", tokens.detokenize, name="detokenize"),
+    path("apply-template", tokens.apply_template, name="apply_template"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

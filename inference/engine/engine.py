@@ -70,6 +70,7 @@ class Runner(Protocol):
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
+    def special_piece(self, token: int) -> bytes: ...  # special tokens written out
     def is_eog(self, token: int) -> bool: ...
     def validate(self, params: SamplingParams) -> None: ...  # InvalidParams: e.g. a bad grammar
     def prepare(self, request: Request) -> None: ...  # set up the request's sampler
@@ -216,6 +217,24 @@ class Engine:
             raise
         future.add_done_callback(self._embedded)
         return future
+
+    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+        """The token ids of `text` as a prompt gets them (inference.engine.tokens): checked at
+        once (InvalidParams), computed on the engine thread; the Future's result is a Tokens."""
+        from inference.engine import tokens
+
+        if self._stopping.is_set() or self._thread is None:
+            raise EngineStopped("the engine is not running")
+        return tokens.tokenize(self, text, add_special=add_special, with_pieces=with_pieces)
+
+    def detokenize(self, ids: list[int]) -> Future:
+        """The text of token ids (inference.engine.tokens); ids outside the vocabulary are an
+        InvalidParams at once. The Future's result is a str."""
+        from inference.engine import tokens
+
+        if self._stopping.is_set() or self._thread is None:
+            raise EngineStopped("the engine is not running")
+        return tokens.detokenize(self, ids)
 
     def _embedded(self, future: Future | None) -> None:
         with self._pending_lock:
@@ -503,7 +522,8 @@ class Engine:
         if handle is not None:
             if tail:  # held-back text that turned out not to be a stop string
                 handle.deliver(TokenEvent(request.id, tail, -1, len(request.output_ids) - 1))
-            handle.deliver(DoneEvent(request.id, reason, request.text, figures))
+            matched = stream.matched if stream else None
+            handle.deliver(DoneEvent(request.id, reason, request.text, figures, stop=matched))
 
     def _fail(self, request: Request, message: str) -> None:
         if request.status.done:

@@ -65,6 +65,7 @@ class DoneEvent:
     text: str
     figures: dict
     type: Literal["done"] = "done"
+    stop: str | None = None  # the stop string that ended the answer (Anthropic's stop_sequence)
 
 
 @dataclass(slots=True, frozen=True)

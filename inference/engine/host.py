@@ -75,6 +75,10 @@ class ServingEngine(Protocol):
 
     def submit(self, request: GenerationRequest, *, load_time: float = 0.0) -> RequestHandle: ...
     def embed(self, inputs: list, *, truncate: bool = True) -> Future: ...  # of an Embedding
+    def tokenize(
+        self, text: str, *, add_special: bool = True, with_pieces: bool = False
+    ) -> Future: ...  # of a Tokens (inference.engine.tokens)
+    def detokenize(self, ids: list[int]) -> Future: ...  # of a str
     def info(self) -> dict: ...
     def snapshot(self) -> dict: ...
     def shutdown(self, timeout: float = 10.0) -> None: ...
@@ -289,6 +293,22 @@ class EngineHost:
             if keep_alive is not None:
                 self._loaded[spec.name].keep_alive = keep_alive
             return engine.embed(inputs, truncate=truncate), waited
+
+    def tokenize(
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+    ) -> tuple[Future, float]:  # fmt: skip
+        """Load the model if needed and start tokenizing `text` (inference.engine.tokens); (the
+        Future of its Tokens, seconds this call waited for the load)."""
+        with self._lock:
+            engine, waited = self.load(spec)
+            return engine.tokenize(text, add_special=add_special, with_pieces=with_pieces), waited
+
+    def detokenize(self, spec: ModelSpec, ids: list[int]) -> tuple[Future, float]:
+        """Load the model if needed and start detokenizing `ids`; (the Future of the text,
+        seconds this call waited for the load)."""
+        with self._lock:
+            engine, waited = self.load(spec)
+            return engine.detokenize(ids), waited
 
     def touch(self, name: str) -> None:
         """Restart a model's keep-alive clock (called when an answer ends)."""

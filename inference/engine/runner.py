@@ -167,6 +167,16 @@ class LlamaRunner:
             cached = self._pieces[token] = buffer.raw[:n]
         return cached
 
+    def special_piece(self, token: int) -> bytes:
+        """The token's bytes with a special token written out ("<|im_start|>"), as /detokenize
+        shows it; piece() leaves special tokens out of answers."""
+        buffer = ctypes.create_string_buffer(64)
+        n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, True)
+        if n < 0:
+            buffer = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, True)
+        return buffer.raw[:n]
+
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
 

@@ -15,6 +15,7 @@ class TextStream:
         self._held = ""  # decoded text not yet released (a possible stop-string prefix)
         self.text = ""  # everything released so far
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once one has
 
     def feed(self, piece: bytes) -> str:
         """Add one token's bytes; return the text that may be sent now."""
@@ -24,10 +25,11 @@ class TextStream:
         if not self._stop:
             return self._release(len(self._held))
         # The earliest match, whichever stop string it is: text before it is all that may go.
-        hits = [at for at in (self._held.find(stop) for stop in self._stop) if at != -1]
+        hits = [(at, stop) for stop in self._stop if (at := self._held.find(stop)) != -1]
         if hits:
             self.stopped = True
-            return self._release(min(hits), drop_rest=True)
+            at, self.matched = min(hits, key=lambda hit: hit[0])
+            return self._release(at, drop_rest=True)
         return self._release(len(self._held) - self._partial_stop_suffix())
 
     def flush(self) -> str:

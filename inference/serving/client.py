@@ -18,6 +18,8 @@ iteration early cancels the generation at once.
 
 `embed()` returns the vectors of an EmbedJob (inference.serving.embeds) as an EmbedResult, or
 raises EmbedError, whose `event` is the error event a refused generation would give.
+`tokenize()` and `detokenize()` (inference.serving.tokens) go through the model's runner the
+same way, returning a TokenResult or raising TokenError.
 """
 
 import asyncio
@@ -34,6 +36,7 @@ from inference.serving.embeds import EmbedJob, EmbedResult, embed
 from inference.serving.feed import worker_snapshot
 from inference.serving.hosting import make_host, make_supervisor
 from inference.serving.supervisor import RunnerSupervisor
+from inference.serving.tokens import TokenJob, TokenResult, tokens
 
 
 class InferenceClient(Protocol):
@@ -43,6 +46,10 @@ class InferenceClient(Protocol):
     def stream(self, request: GenerationRequest, spec: ModelSpec) -> AsyncIterator[dict]: ...
     async def cancel(self, request_id: str) -> None: ...
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
+    async def tokenize(
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
+    ) -> TokenResult: ...
+    async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult: ...
     async def unload(self, name: str) -> bool: ...
     async def load(self, spec: ModelSpec) -> None: ...
     def unload_idle(self) -> list[str]: ...  # the models whose keep-alive ran out, unloaded
@@ -86,6 +93,16 @@ class EmbeddedClient:
 
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult:
         return await embed(self.host, job, spec)
+
+    async def tokenize(
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
+    ) -> TokenResult:
+        job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
+                       with_pieces=with_pieces)  # fmt: skip
+        return await tokens(self.host, job, spec)
+
+    async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:
+        return await tokens(self.host, TokenJob(spec.name, "detokenize", tokens=list(ids)), spec)
 
     async def unload(self, name: str) -> bool:
         return await asyncio.to_thread(self.host.unload, name)

@@ -6,9 +6,12 @@ a refusal as its Refusal (kind, message, field). One exchange at a time per dire
 assumed: the runner answers each Submit with Accepted or Refused carrying the request id, and
 events of many requests interleave on the same connection.
 
-    supervisor → runner: Launch (first), then Submit, Cancel, Embed, SnapshotRequest, Shutdown
+    supervisor → runner: Launch (first), then Submit, Cancel, Embed, Tokenize, Detokenize,
+                         SnapshotRequest, Shutdown
     runner → supervisor: Ready or LoadFailed (first), then Accepted, Refused, engine events,
                          Embedded or EmbedFailed (the answer to an Embed),
+                         Tokenized, Detokenized or TokensFailed (the answer to a Tokenize or
+                         Detokenize),
                          Snapshot (the answer to a SnapshotRequest), Stopped (after Shutdown)
 """
 
@@ -83,6 +86,44 @@ class Embedded:
 
 @dataclass(slots=True, frozen=True)
 class EmbedFailed:
+    request_id: str
+    refusal: Refusal
+
+
+@dataclass(slots=True, frozen=True)
+class Tokenize:
+    """The token ids of a text in the model's vocabulary (Engine.tokenize); answered by
+    Tokenized or TokensFailed with the same request id."""
+
+    request_id: str
+    text: str
+    add_special: bool = True
+    with_pieces: bool = False  # also each id's bytes
+
+
+@dataclass(slots=True, frozen=True)
+class Tokenized:
+    request_id: str
+    tokens: tuple[int, ...]
+    pieces: tuple[bytes, ...] | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Detokenize:
+    """The text of token ids (Engine.detokenize); answered by Detokenized or TokensFailed."""
+
+    request_id: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(slots=True, frozen=True)
+class Detokenized:
+    request_id: str
+    text: str
+
+
+@dataclass(slots=True, frozen=True)
+class TokensFailed:
     request_id: str
     refusal: Refusal
 

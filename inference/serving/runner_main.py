@@ -7,10 +7,11 @@ FD is this end of a socket pair its supervisor made (inference.serving.runner_pr
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
-1. the main thread reads Submit / Cancel / Embed / SnapshotRequest / Shutdown, and answers each
-   Submit and SnapshotRequest at once (a snapshot only reads counters: it never waits for a
-   step); an Embed is checked and tokenized here and answered when the engine thread has
-   computed it, between two steps;
+1. the main thread reads Submit / Cancel / Embed / Tokenize / Detokenize / SnapshotRequest /
+   Shutdown, and answers each Submit and SnapshotRequest at once (a snapshot only reads
+   counters: it never waits for a step); an Embed is checked and tokenized here and answered
+   when the engine thread has computed it, between two steps; a Tokenize or Detokenize is
+   checked here and answered when the engine thread has computed it;
 2. the engine thread sends every event of every request the moment it happens.
 
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
@@ -79,6 +80,34 @@ def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:
         future.add_done_callback(answer)
 
 
+def tokens(engine: Engine, message: m.Tokenize | m.Detokenize, outbox: Outbox) -> None:
+    """Start a Tokenize or Detokenize; its answer goes out when the engine thread is done."""
+    rid = message.request_id
+
+    def failed(exc: BaseException) -> m.TokensFailed:
+        return m.TokensFailed(rid, Refused.of(exc).refusal)
+
+    def answered(result) -> object:
+        if isinstance(message, m.Detokenize):
+            return m.Detokenized(rid, result)
+        return m.Tokenized(rid, result.ids, result.pieces)
+
+    def answer(future) -> None:
+        exc = future.exception()
+        outbox.send(failed(exc) if exc is not None else answered(future.result()))
+
+    try:
+        if isinstance(message, m.Detokenize):
+            future = engine.detokenize(list(message.tokens))
+        else:
+            future = engine.tokenize(message.text, add_special=message.add_special,
+                                     with_pieces=message.with_pieces)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - every refusal is an answer
+        outbox.send(failed(exc))
+    else:
+        future.add_done_callback(answer)
+
+
 def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
     while True:
         try:
@@ -100,6 +129,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             engine.cancel(message.request_id)
         elif isinstance(message, m.Embed):
             embed(engine, message, outbox)
+        elif isinstance(message, m.Tokenize | m.Detokenize):
+            tokens(engine, message, outbox)
         elif isinstance(message, m.SnapshotRequest):
             outbox.send(m.Snapshot(message.serial, engine.snapshot()))
         elif isinstance(message, m.Shutdown):

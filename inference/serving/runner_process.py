@@ -8,7 +8,8 @@ as it kept in-process engines. Behind it:
   of a process with threads and an event loop), talking over a socket pair;
 - a reader thread takes every message off the connection: engine events go to their request's
   RequestHandle, so callers read events exactly as from an in-process engine, and the answer
-  to an Embed settles the Future that `embed()` returned;
+  to an Embed settles the Future that `embed()` returned, and the answer to a Tokenize or
+  Detokenize the Future that `tokenize()` or `detokenize()` returned;
 - when the connection ends without a Shutdown (the runner died: any signal, any exit), every
   request it held ends at once with an ErrorEvent that says how ("killed by signal 11 (SIGSEGV)
   during decode"), and `exit` records it for the supervisor.
@@ -32,6 +33,7 @@ from pathlib import Path
 from inference.engine import EngineStopped, GenerationRequest
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
 from inference.engine.refusals import Refusal, RefusalKind, Refused
+from inference.engine.tokens import Tokens
 from inference.serving import messages as m
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,7 @@ class RunnerProcess:
         self._pending: dict[str, _Pending] = {}
         self._early: dict[str, list[Event]] = {}  # events that overtook their Accepted
         self._embeds: dict[str, Future] = {}  # Embeds sent and not yet answered
+        self._token_asks: dict[str, Future] = {}  # Tokenizes and Detokenizes not yet answered
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._load_failure: str | None = None
@@ -242,6 +245,26 @@ class RunnerProcess:
         self._send(m.Embed(request_id, list(inputs), truncate))
         return future
 
+    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+        """The token ids of `text` in the runner (Engine.tokenize there); the Future's result is
+        a Tokens, or the exception Engine.tokenize raised, or EngineStopped if the runner dies
+        first."""
+        return self._ask_tokens(lambda rid: m.Tokenize(rid, text, add_special, with_pieces))
+
+    def detokenize(self, ids: list[int]) -> Future:
+        """The text of token ids in the runner (Engine.detokenize there); a Future of a str."""
+        return self._ask_tokens(lambda rid: m.Detokenize(rid, tuple(ids)))
+
+    def _ask_tokens(self, message: Callable[[str], object]) -> Future:
+        request_id = uuid.uuid4().hex
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                raise EngineStopped(self._stopped_message())
+            self._token_asks[request_id] = future
+        self._send(message(request_id))
+        return future
+
     def _forget(self, request_id: str) -> None:
         with self._lock:
             self._pending.pop(request_id, None)
@@ -301,6 +324,8 @@ class RunnerProcess:
                         answered.set()
                 elif isinstance(message, m.Embedded | m.EmbedFailed):
                     self._on_embedded(message)
+                elif isinstance(message, m.Tokenized | m.Detokenized | m.TokensFailed):
+                    self._on_tokens(message)
                 elif isinstance(message, m.Accepted | m.Refused):
                     self._on_answer(message)
                 elif isinstance(message, m.Ready):
@@ -362,6 +387,18 @@ class RunnerProcess:
         else:
             future.set_exception(answer.refusal.error())
 
+    def _on_tokens(self, answer: m.Tokenized | m.Detokenized | m.TokensFailed) -> None:
+        with self._lock:
+            future = self._token_asks.pop(answer.request_id, None)
+        if future is None or future.done():
+            return
+        if isinstance(answer, m.Tokenized):
+            future.set_result(Tokens(tuple(answer.tokens), answer.pieces))
+        elif isinstance(answer, m.Detokenized):
+            future.set_result(answer.text)
+        else:
+            future.set_exception(answer.refusal.error())
+
     def _on_connection_closed(self) -> None:
         returncode = None
         if self._proc is not None:
@@ -377,6 +414,8 @@ class RunnerProcess:
             pending = list(self._pending.values())
             embeds = list(self._embeds.values())
             self._embeds.clear()
+            token_asks = list(self._token_asks.values())
+            self._token_asks.clear()
             self._handles.clear()
             self._pending.clear()
             self._early.clear()
@@ -390,6 +429,8 @@ class RunnerProcess:
                 f"{self.name} was unloaded while embedding" if requested
                 else self.exit.sentence(self.name)
             ))  # fmt: skip
+        for future in token_asks:
+            future.set_exception(EngineStopped(self._stopped_message()))
         for waiting in pending:
             waiting.refusal = Refusal(RefusalKind.UNAVAILABLE, self._stopped_message())
             waiting.done.set()

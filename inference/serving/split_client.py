@@ -17,7 +17,8 @@ A request, step by step:
    that picks it from the queue later does not run it.
 
 Embeddings (`embed()`) go the same way as task "inference.embed": published as in 1, watched
-as in 2, answered by one "done" message that carries the vectors.
+as in 2, answered by one "done" message that carries the vectors; tokens (`tokenize()`,
+`detokenize()`) as task "inference.tokenize", answered by one "done" message that carries them.
 """
 
 import asyncio
@@ -40,6 +41,7 @@ from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
+from inference.serving.tokens import TokenError, TokenJob, TokenResult
 from inference.serving.worker_control import REPLY_PREFIX
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,14 @@ PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "i
 CONTROL_TIMEOUT_S = 600.0  # a load of a large model can take minutes
 BROKER_POOL_LIMIT = 16
 FINAL = ("done", "error")
+
+
+class _NoAnswer(Exception):
+    """A one-answer task that ended without its answer; `event` is the error event."""
+
+    def __init__(self, event: dict):
+        super().__init__(event.get("message", ""))
+        self.event = event
 
 
 class WorkerError(Refused, RuntimeError):
@@ -256,23 +266,58 @@ class SplitClient:
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult:
         """Embeddings through the task "inference.embed": published and watched as a
         generation is (steps 1 and 2), answered by one "done" message carrying the vectors."""
-        rid = job.request_id
+        payload = {"job": job.to_dict(), "spec": spec.to_wire()}
+        try:
+            answer = await self._one_answer(
+                "inference.embed", payload, job.request_id, "embedding",
+                "the embedding was not computed",
+            )  # fmt: skip
+        except _NoAnswer as exc:
+            raise EmbedError(exc.event) from None
+        return EmbedResult.from_dict(answer)
+
+    async def tokenize(
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
+    ) -> TokenResult:
+        job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
+                       with_pieces=with_pieces)  # fmt: skip
+        return await self._tokens(job, spec)
+
+    async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:
+        return await self._tokens(TokenJob(spec.name, "detokenize", tokens=list(ids)), spec)
+
+    async def _tokens(self, job: TokenJob, spec: ModelSpec) -> TokenResult:
+        """Through the task "inference.tokenize", as embeddings go."""
+        payload = {"job": job.to_dict(), "spec": spec.to_wire()}
+        try:
+            answer = await self._one_answer(
+                "inference.tokenize", payload, job.request_id, "tokens",
+                "the tokens were not computed",
+            )  # fmt: skip
+        except _NoAnswer as exc:
+            raise TokenError(exc.event) from None
+        return TokenResult.from_dict(answer)
+
+    async def _one_answer(
+        self, task: str, payload: dict, rid: str, key: str, unanswered: str
+    ) -> dict:
+        """Publish a task that is answered by one "done" message carrying `key` (steps 1 and 2)
+        and return what it carries; raises _NoAnswer with the error event otherwise."""
         layer = self._layer()
         reply = await layer.new_channel()
-        payload = {"job": job.to_dict(), "spec": spec.to_wire(), "reply": reply}
         state = _Stream(rid)
         self._streams[rid] = state
         try:
             try:
                 await asyncio.wait_for(
-                    asyncio.to_thread(self._publish, payload, rid, "inference.embed"),
+                    asyncio.to_thread(self._publish, {**payload, "reply": reply}, rid, task),
                     PUBLISH_TIMEOUT_S,
                 )
             except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
-                raise EmbedError(broker_unreachable(rid, exc)) from None
+                raise _NoAnswer(broker_unreachable(rid, exc)) from None
             async for message in self._relay(layer, reply, state):
-                if message.get("type") == "done" and "embedding" in message:
-                    return EmbedResult.from_dict(message["embedding"])
+                if message.get("type") == "done" and key in message:
+                    return message[key]
                 if message.get("type") in FINAL:
                     break
             else:
@@ -280,10 +325,8 @@ class SplitClient:
                     rid, RefusalKind.UNAVAILABLE, "the inference worker gave no answer"
                 )
             if message.get("type") != "error":
-                message = error_event(
-                    rid, RefusalKind.UNAVAILABLE, "the embedding was not computed"
-                )
-            raise EmbedError(message)
+                message = error_event(rid, RefusalKind.UNAVAILABLE, unanswered)
+            raise _NoAnswer(message)
         finally:
             self._streams.pop(rid, None)
 

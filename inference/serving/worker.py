@@ -19,8 +19,9 @@ A task, step by step:
    the first token sets appliance:req:<id>:started.
 4. Mark the request closed so that a late redelivery of this task does nothing.
 
-"inference.embed" (embeddings, inference.serving.embeds) is claimed the same way and answered
-with one message; it keeps no marks, as computing the same vectors twice harms nobody.
+"inference.embed" (embeddings, inference.serving.embeds) and "inference.tokenize" (tokens,
+inference.serving.tokens) are claimed the same way and answered with one message; they keep no
+marks, as computing the same answer twice harms nobody.
 """
 
 import asyncio
@@ -41,6 +42,8 @@ from inference.serving.core import serve as serve_generation
 from inference.serving.embeds import EmbedError, EmbedJob
 from inference.serving.embeds import embed as serve_embed
 from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event
+from inference.serving.tokens import TokenError, TokenJob
+from inference.serving.tokens import tokens as serve_tokens
 from inference.serving.worker_state import WorkerRuntime
 
 log = logging.getLogger(__name__)
@@ -142,6 +145,45 @@ async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
         result = await serve_embed(rt.host, job, spec)
         answer = {"type": "done", "request_id": rid, "embedding": result.to_dict()}
     except EmbedError as exc:
+        answer = exc.event
+    except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
+        log.exception("%s failed", rid)
+        answer = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
+    await layer.send(reply, answer)
+
+
+@shared_task(
+    name="inference.tokenize",
+    acks_late=True,
+    reject_on_worker_lost=True,
+    ignore_result=True,
+    time_limit=GENERATE_TIME_LIMIT_S,  # a model load may come first
+)
+def tokenize(payload: dict) -> None:
+    """Tokenize or detokenize: payload = {"job": TokenJob.to_dict(), "spec":
+    ModelSpec.to_wire(), "reply": channel name}. Claimed like a generation, then one "done"
+    message with the tokens (TokenResult.to_dict()) or an error event. Idempotent."""
+    reply = _reply_channel(payload, "tokenize")
+    if reply is None:
+        return
+    asyncio.run(_tokens(runtime(), payload, reply))
+
+
+async def _tokens(rt: WorkerRuntime, payload: dict, reply: str) -> None:
+    layer = get_channel_layer()
+    raw = payload.get("job")
+    rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
+    try:
+        job = TokenJob(**raw)
+        spec = ModelSpec.from_wire(payload["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        await layer.send(reply, error_event(rid, RefusalKind.INVALID, f"malformed request: {exc}"))
+        return
+    await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
+    try:
+        result = await serve_tokens(rt.host, job, spec)
+        answer = {"type": "done", "request_id": rid, "tokens": result.to_dict()}
+    except TokenError as exc:
         answer = exc.event
     except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
         log.exception("%s failed", rid)

@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from django.urls.resolvers import RoutePattern
 
 from dashboard.api.auth import EndpointPolicy, policy_of
+from dashboard.api.urls import ROOT_PATHS
 
 API_PREFIXES = ("v1/", "api/")
 BODY_METHODS = ("POST", "PUT", "PATCH", "DELETE")
@@ -62,10 +63,10 @@ def _walk(patterns, prefix: str = "", concrete: bool = True) -> Iterator[Route]:
 
 
 def api_routes() -> list[Route]:
-    """Every route under /v1/, /api/ and /metrics."""
+    """Every route under /v1/, /api/, and at the root paths of the API (/metrics, /tokenize...)."""
     routes = [
         route for route in _walk(get_resolver().url_patterns)
-        if route.pattern.startswith(API_PREFIXES) or route.pattern == "metrics"
+        if route.pattern.startswith(API_PREFIXES) or f"/{route.pattern}" in ROOT_PATHS
     ]  # fmt: skip
     for route in routes:
         if route.path is not None:

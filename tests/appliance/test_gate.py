@@ -82,6 +82,8 @@ async def test_an_anonymous_body_gets_a_401_before_a_byte_is_read(route):
         error = json.loads(sent[1]["body"])["error"]
         if route.policy.dialect == "openai":
             assert error["code"] == "missing_api_key" and error["type"] == "authentication_error"
+        elif route.policy.dialect == "anthropic":
+            assert error["type"] == "authentication_error" and "API key" in error["message"]
         else:
             assert "API key is required" in error
     assert inner.scopes == []
@@ -91,6 +93,12 @@ def test_the_routes_that_were_missing_from_the_gates_old_list_are_keyed():
     keyed = {str(route) for route in keyed_body_routes()}
     assert {"POST /v1/embeddings", "POST /api/embed", "POST /api/embeddings",
             "POST /api/pull", "POST /api/create"} <= keyed  # fmt: skip
+
+
+def test_the_tokenizer_and_messages_routes_are_keyed():
+    keyed = {str(route) for route in keyed_body_routes()}
+    assert {"POST /v1/messages", "POST /v1/messages/count_tokens", "POST /tokenize",
+            "POST /detokenize", "POST /apply-template"} <= keyed  # fmt: skip
 
 
 def test_every_api_route_a_path_can_name_declares_its_policy():
@@ -120,6 +128,32 @@ async def test_an_unknown_key_is_refused_at_the_gate_and_a_known_one_over_the_ca
         "POST", "/v1/chat/completions", {**headers, "Authorization": f"Bearer {raw}"}
     ))  # fmt: skip
     assert status_of(sent) == 413 and b"request_too_large" in sent[1]["body"]
+    assert inner.scopes == []
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_gate_reads_the_key_from_x_api_key_as_the_views_do():
+    """The anthropic client sends its key as x-api-key: the gate lets a known one through and
+    refuses an unknown one, in Anthropic's error shape for /v1/messages."""
+    from asgiref.sync import sync_to_async
+
+    from dashboard.models import ApiKey
+
+    _, raw = await sync_to_async(ApiKey.create)("gate-anthropic-app")
+    inner = Recorder()
+    headers = {"Content-Type": "application/json", "Content-Length": str(FIFTY_MB)}
+    sent = await call(BodyGate(inner), http_scope(
+        "POST", "/v1/messages", {**headers, "x-api-key": "hla-made-up"}
+    ))  # fmt: skip
+    assert status_of(sent) == 401
+    assert json.loads(sent[1]["body"]) == {"type": "error", "error": {
+        "type": "authentication_error", "message": "the API key is not valid or has been revoked",
+    }}  # fmt: skip
+    sent = await call(BodyGate(inner), http_scope(
+        "POST", "/v1/messages", {**headers, "x-api-key": raw}
+    ))  # fmt: skip
+    assert status_of(sent) == 413  # past the key: the cap
+    assert json.loads(sent[1]["body"])["error"]["type"] == "request_too_large"
     assert inner.scopes == []
 
 

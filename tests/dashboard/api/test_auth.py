@@ -35,7 +35,14 @@ ENDPOINTS = [
     ("POST", "/v1/embeddings", {"model": STARTER, "input": "x"}, "openai"),
     ("POST", "/api/embed", {"model": STARTER, "input": "x"}, "ollama"),
     ("POST", "/api/embeddings", {"model": STARTER, "prompt": "x"}, "ollama"),
-]
+    ("POST", "/v1/messages", {"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+     "anthropic"),
+    ("POST", "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "x"}]},
+     "anthropic"),
+    ("POST", "/tokenize", {"content": "x"}, "openai"),
+    ("POST", "/detokenize", {"tokens": [1]}, "openai"),
+    ("POST", "/apply-template", {"messages": [{"role": "user", "content": "x"}]}, "openai"),
+]  # fmt: skip
 IDS = [f"{method} {path}" for method, path, _, _ in ENDPOINTS]
 
 
@@ -48,6 +55,8 @@ def assert_error(response: httpx.Response, status: int, dialect: str) -> dict:
     body = read_json(response)
     if dialect == "openai":
         assert {"message", "type", "param", "code"} <= body["error"].keys()
+    elif dialect == "anthropic":
+        assert body["type"] == "error" and {"type", "message"} <= body["error"].keys()
     else:
         assert isinstance(body["error"], str) and body["error"]
     return body

@@ -63,6 +63,7 @@ class FakeRunner:
         self.n_slots = n_slots
         self.ctx_per_seq = ctx_per_seq
         self.n_batch = n_batch
+        self.n_vocab = BYTE_BASE + 256  # every code point and every byte
         self.overhead = overhead  # seconds each execute() sleeps, plus per_token per token
         self.per_token = per_token
         self.scripts: dict[str, list[int]] = {}  # request id -> its outputs, in order
@@ -93,6 +94,9 @@ class FakeRunner:
         if token >= BYTE_BASE:
             return bytes([token - BYTE_BASE])
         return chr(token).encode("utf-8")
+
+    def special_piece(self, token: int) -> bytes:
+        return self.piece(token)
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")

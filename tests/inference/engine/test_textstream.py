@@ -108,3 +108,13 @@ def test_streamed_text_is_the_text_before_the_first_stop_however_the_bytes_are_c
             break
     assert streamed == expected == stream.text
     assert stream.stopped == stopped
+
+
+def test_the_stop_string_that_ended_the_text_is_named():
+    stream = TextStream(stop=("END", "st"))
+    assert feed_all(stream, [b"fir", b"st END"]) == ["fir", ""]
+    assert stream.stopped and stream.matched == "st"  # the earliest match, not the first listed
+    assert stream.text == "fir"
+    plain = TextStream(stop=("END",))
+    feed_all(plain, [b"no stop here"])
+    assert plain.flush() == "" and plain.matched is None

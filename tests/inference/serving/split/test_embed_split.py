@@ -1,11 +1,13 @@
-"""Embeddings in split mode: SplitClient → task "inference.embed" → a real inference worker
-process and its runner, over real Redis; the vectors come back intact."""
+"""Embeddings and tokens in split mode: SplitClient → tasks "inference.embed" and
+"inference.tokenize" → a real inference worker process and its runner, over real Redis; the
+vectors and the tokens come back intact, refusals as the same error events."""
 
 import math
 
 import pytest
 
 from inference.serving.embeds import EmbedError, EmbedJob
+from inference.serving.tokens import TokenError
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 
@@ -34,3 +36,15 @@ async def test_a_refusal_comes_back_as_the_same_error_event(split_client, spec, 
     with pytest.raises(EmbedError) as too_long:
         await split_client.embed(EmbedJob(spec.name, ["word " * 1500], truncate=False), spec)
     assert too_long.value.event["code"] == "too_long"
+
+
+async def test_a_worker_tokenizes_and_detokenizes(split_client, spec, shared_worker):
+    text = "Why is the sky blue? 🌍 <|im_start|>"
+    tokens = await split_client.tokenize(spec, text, add_special=False, with_pieces=True)
+    assert len(tokens.tokens) == len(tokens.pieces) > 5
+    assert b"".join(tokens.pieces).decode() == text
+    back = await split_client.detokenize(spec, list(tokens.tokens))
+    assert back.text == text
+    with pytest.raises(TokenError) as refused:
+        await split_client.detokenize(spec, [10_000_000])
+    assert (refused.value.event["code"], refused.value.event["field"]) == ("invalid", "tokens")

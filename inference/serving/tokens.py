@@ -1,0 +1,95 @@
+"""One tokenize or detokenize request from the web process to a runner and back, the same in
+both modes.
+
+    result = await tokens(host, job, spec)   # it may load the model first
+
+The job travels as a plain dict in split mode (Celery JSON, task "inference.tokenize"), as an
+EmbedJob does; the result comes back as a TokenResult, its pieces as base64 of their bytes. A
+refusal or failure is a TokenError carrying the error event a refused generation gives (with its
+`code`), so the API maps both to the same statuses.
+"""
+
+import asyncio
+import base64
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.refusals import RefusalKind, error_event
+from inference.serving.core import refusal_event
+
+TOKENS_TIMEOUT_S = 60.0  # a tokenize waits for a step boundary, never for a whole answer
+
+
+@dataclass(slots=True)
+class TokenJob:
+    model: str
+    op: Literal["tokenize", "detokenize"]
+    text: str = ""  # tokenize this
+    tokens: list[int] = field(default_factory=list)  # or detokenize these
+    add_special: bool = True
+    with_pieces: bool = False
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(slots=True, frozen=True)
+class TokenResult:
+    tokens: tuple[int, ...] = ()
+    pieces: tuple[bytes, ...] | None = None
+    text: str = ""  # a detokenize's answer
+    load_seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        pieces = None
+        if self.pieces is not None:
+            pieces = [base64.b64encode(piece).decode("ascii") for piece in self.pieces]
+        return {"tokens": list(self.tokens), "pieces": pieces, "text": self.text,
+                "load_seconds": self.load_seconds}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenResult":
+        pieces = data.get("pieces")
+        return cls(tuple(int(t) for t in data["tokens"]),
+                   None if pieces is None else tuple(base64.b64decode(p) for p in pieces),
+                   str(data.get("text") or ""), float(data.get("load_seconds") or 0.0))  # fmt: skip
+
+
+class TokenError(Exception):
+    """A tokenize or detokenize that was refused or failed; `event` is its error event."""
+
+    def __init__(self, event: dict):
+        super().__init__(event.get("message", ""))
+        self.event = event
+
+    @classmethod
+    def of(cls, request_id: str, exc: BaseException) -> "TokenError":
+        if isinstance(exc, TimeoutError):
+            what = f"no tokens within {TOKENS_TIMEOUT_S:.0f} s"
+            return cls(error_event(request_id, RefusalKind.UNAVAILABLE, what))
+        return cls(refusal_event(request_id, exc))
+
+
+async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResult:
+    """Load the model if needed (in a thread), tokenize or detokenize in its runner, restart
+    the keep-alive clock. The wait for the answer holds no thread."""
+    try:
+        if job.op == "detokenize":
+            future, waited = await asyncio.to_thread(host.detokenize, spec, list(job.tokens))
+        else:
+            future, waited = await asyncio.to_thread(
+                host.tokenize, spec, job.text, add_special=job.add_special,
+                with_pieces=job.with_pieces,
+            )  # fmt: skip
+        answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
+                                        TOKENS_TIMEOUT_S)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - every refusal becomes a TokenError
+        raise TokenError.of(job.request_id, exc) from None
+    finally:
+        host.touch(spec.name)
+    if job.op == "detokenize":
+        return TokenResult(text=answer, load_seconds=waited)
+    return TokenResult(answer.ids, answer.pieces, load_seconds=waited)
