@@ -265,7 +265,7 @@ def _write(out, hasher, chunks: list[bytes]) -> None:
 
 async def _streamed(app, scope: dict, receive, send, rule: ApiRule, length: int | None) -> None:
     """A large body into a file in `rule.body_to()` (the module's docstring), then the app."""
-    key = await sync_to_async(key_for)(_bearer(scope) or "")
+    key = await sync_to_async(key_for)(_presented_key(scope) or "")
     if key is None or not key.allows(rule.scope):
         return await _responder(403, f"this needs an API key with the {rule.scope} scope",
                                 "insufficient_scope", rule.dialect)(send)  # fmt: skip
