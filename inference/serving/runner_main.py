@@ -7,10 +7,10 @@ FD is this end of a socket pair its supervisor made (inference.serving.runner_pr
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
-1. the main thread reads Submit / Cancel / Embed / SnapshotRequest / Shutdown, and answers each
-   Submit and SnapshotRequest at once (a snapshot only reads counters: it never waits for a
-   step); an Embed is checked and tokenized here and answered when the engine thread has
-   computed it, between two steps;
+1. the main thread reads Submit / Cancel / SetPriority / Embed / SnapshotRequest / Shutdown, and
+   answers each Submit and SnapshotRequest at once (a snapshot only reads counters: it never
+   waits for a step); an Embed is checked and tokenized here and answered when the engine
+   thread has computed it, between two steps;
 2. the engine thread sends every event of every request the moment it happens.
 
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
@@ -98,6 +98,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
                 outbox.send(m.Accepted(rid))
         elif isinstance(message, m.Cancel):
             engine.cancel(message.request_id)
+        elif isinstance(message, m.SetPriority):
+            engine.set_priority(message.request_id, message.priority)
         elif isinstance(message, m.Embed):
             embed(engine, message, outbox)
         elif isinstance(message, m.SnapshotRequest):
