@@ -30,6 +30,7 @@ class Launch:
     itl_target: float
     max_queue: int
     log_level: str = "INFO"
+    background_itl_target: float = 1.0  # the looser target of steps that only feed apps
 
 
 @dataclass(slots=True, frozen=True)

@@ -110,6 +110,7 @@ class RunnerProcess:
         config: object,
         *,
         itl_target: float = 0.1,
+        background_itl_target: float = 1.0,
         max_queue: int = 64,
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         load_timeout: float = LOAD_TIMEOUT_S,
@@ -120,6 +121,7 @@ class RunnerProcess:
         self.launch = m.Launch(
             name, config, runner_factory, itl_target, max_queue,
             log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            background_itl_target=background_itl_target,
         )  # fmt: skip
         self.load_timeout = load_timeout
         self.on_exit: Callable[[RunnerProcess, RunnerExit], None] | None = None

@@ -12,7 +12,7 @@ from inference.engine import EngineStopped, PromptTooLong, RefusalKind, Refused,
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.cpu_check import FILE_NAME, CpuCheck
-from inference.serving.runner_process import RunnerLoadError
+from inference.serving.runner_process import RunnerLoadError, RunnerProcess
 from inference.serving.supervisor import RunnerBackoff, RunnerSupervisor
 from tests.inference.engine.fakes import ask, wait_until
 
@@ -259,3 +259,31 @@ def test_a_priority_set_while_a_request_runs_reaches_the_engine_in_its_runner(tm
     handle.cancel()
     assert handle.result(timeout=10).type == "done"  # the runner served on
 
+
+def test_the_background_itl_target_setting_is_part_of_every_runners_launch(tmp_path, settings):
+    from inference.serving.hosting import make_supervisor
+
+    settings.BACKGROUND_ITL_TARGET_MS = 2500
+    sup = make_supervisor()
+    assert sup.background_itl_target == 2.5
+    process = RunnerProcess("m", spec().config, background_itl_target=sup.background_itl_target)
+    assert process.launch.background_itl_target == 2.5
+
+
+def test_the_runner_passes_the_background_itl_target_only_to_an_engine_that_takes_it(
+    monkeypatch,
+):
+    from inference.serving import messages, runner_main
+
+    launch = messages.Launch("m", None, "x:y", 0.1, 64, background_itl_target=2.5)
+
+    class Takes:
+        def __init__(self, runner, *, itl_target=0.1, background_itl_target=1.0): ...
+
+    class Older:
+        def __init__(self, runner, *, itl_target=0.1): ...
+
+    monkeypatch.setattr(runner_main, "Engine", Takes)
+    assert runner_main.engine_options(launch) == {"background_itl_target": 2.5}
+    monkeypatch.setattr(runner_main, "Engine", Older)
+    assert runner_main.engine_options(launch) == {}
