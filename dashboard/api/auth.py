@@ -183,9 +183,10 @@ def app_id(request: HttpRequest) -> str:
     return f"apikey:{request.api_key.pk}"
 
 
-# Open WebUI's chat id (a UUID; "local:<id>" for temporary chats), as far as a cache key takes it.
+# Open WebUI's chat id (a UUID; "local:<id>" for temporary chats), as far as a cache key takes it:
+# 96 characters leave room for "apikey:<id>:chat:" within the engine's MAX_ID_CHARS (128).
 CHAT_ID_HEADER = "X-OpenWebUI-Chat-Id"
-_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}")
 
 
 def conversation_key(request: HttpRequest) -> str:
@@ -193,7 +194,7 @@ def conversation_key(request: HttpRequest) -> str:
     when the app names it (Open WebUI sends X-OpenWebUI-Chat-Id), so its chats keep a slot each
     instead of competing for the app's. Only a hint for which slot to prefer: the KV it may
     reuse is still bounded by cache_partition, which no header changes. A header that is not a
-    plain id of at most 128 characters is ignored."""
+    plain id of at most 96 characters is ignored."""
     base = app_id(request)
     chat = request.headers.get(CHAT_ID_HEADER, "")
     if chat and _CHAT_ID.fullmatch(chat):

@@ -143,3 +143,18 @@ async def test_every_generation_view_passes_who_asked_the_same_way(path, recordi
     assert asked.share == f"apikey:{key.pk}:user:u-1"
     assert asked.cache_key == f"apikey:{key.pk}:chat:chat-7"
     assert asked.cache_partition == f"apikey:{key.pk}"
+
+
+def test_the_longest_ids_the_headers_may_carry_still_make_a_request_the_engine_takes(
+    interactive_key,
+):
+    from inference.engine import GenerationRequest, SamplingParams
+
+    interactive_key.pk = 10**12  # a key id far beyond any box's
+    fields = caller_fields(asking(interactive_key, HTTP_X_OPENWEBUI_CHAT_ID="c" * 96,
+                                  **{USER: "u" * 64}))  # fmt: skip
+    assert fields["cache_key"].endswith(":chat:" + "c" * 96)
+    assert fields["share"].endswith(":user:" + "u" * 64)
+    GenerationRequest("hi", SamplingParams(), **fields)  # within MAX_ID_CHARS: not refused
+    too_long = caller_fields(asking(interactive_key, HTTP_X_OPENWEBUI_CHAT_ID="c" * 97))
+    assert too_long["cache_key"] == f"apikey:{interactive_key.pk}"  # ignored, as a bad one is
