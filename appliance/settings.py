@@ -179,6 +179,8 @@ CELERY_BEAT_SCHEDULE = {
 
 # Engine and product settings.
 ITL_TARGET_MS = envint("ITL_TARGET_MS", 100, lo=10, hi=10_000)
+# The looser target of steps that carry only background streams (apps, answers nobody reads).
+BACKGROUND_ITL_TARGET_MS = envint("BACKGROUND_ITL_TARGET_MS", 1000, lo=10, hi=60_000)
 ENGINE_MAX_QUEUE = envint("ENGINE_MAX_QUEUE", 64, lo=1, hi=10_000)
 ENGINE_THREADS = envint("ENGINE_THREADS", 0, lo=0, hi=512)  # 0: the model's setting or all cores
 MAX_LOADED_MODELS = envint("MAX_LOADED_MODELS", 1, lo=1, hi=64)

@@ -30,9 +30,9 @@ class MessageAdmin(admin.ModelAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "scope", "household", "revoked", "created_at",
+    list_display = ("name", "prefix", "scope", "priority", "household", "revoked", "created_at",
                     "last_used_at")  # fmt: skip
-    list_filter = ("scope", "revoked")
+    list_filter = ("scope", "priority", "revoked")
     readonly_fields = ("prefix", "key_hash", "created_at", "last_used_at")
     actions = ["revoke"]
 

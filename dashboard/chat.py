@@ -13,9 +13,10 @@ The steps (the consumer calls 1 and 2, and stops, attaches and detaches through 
    content, state, figures and a RequestRecord, before the final frame goes out.
 
 A turn belongs to its conversation, not to a socket: a socket that goes away (a reload, a
-phone locking) only detaches, the answer runs on to its end (its length limit bounds it), and a
-new socket of the same user attaches and gets the text so far, then the rest live. Stop still
-cancels. Running answers per user are capped (dashboard.limits.chat_answers).
+phone locking) only detaches, the answer runs on to its end (its length limit bounds it) as
+background work while nobody watches, and a new socket of the same user attaches and gets the
+text so far, then the rest live (interactive again). Stop still cancels. Running answers per
+user are capped (dashboard.limits.chat_answers).
 """
 
 import time

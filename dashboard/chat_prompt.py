@@ -113,11 +113,14 @@ def answer_defaults(model: LLMModel) -> dict:
 def answer_request(
     model: LLMModel, prompt: Prompt, conversation: Conversation, arrived: float
 ) -> GenerationRequest:
-    # A person's conversations reuse only their own KV (the prefix cache is partitioned).
+    # A person's conversations reuse only their own KV (the prefix cache is partitioned), and
+    # take the person's turn in fair-share admission, whichever of their chats asks. A person
+    # reads the answer: interactive (dashboard.running_answers lowers it while nobody watches).
+    person = f"user:{conversation.user_id}"
     try:
         return request_for(
             model, prompt.rendered, {}, base=answer_defaults(model),
-            cache_key=f"conv-{conversation.pk}", cache_partition=f"user:{conversation.user_id}",
+            cache_key=f"conv-{conversation.pk}", cache_partition=person, share=person,
             arrived_wall=arrived,
         )  # fmt: skip
     except InvalidParams as exc:  # only the model's own defaults are in it: they are checked

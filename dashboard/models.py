@@ -120,10 +120,21 @@ class ApiKey(models.Model):
         MANAGE = "manage", "manage: also load, unload and keep models loaded"
         ADMIN = "admin", "admin: also delete models"
 
+    class Priority(models.TextChoices):
+        """Who reads the key's answers (inference.engine.generation.PRIORITIES): a person, or
+        an app working through a batch, which waits for people and is paused for them."""
+
+        INTERACTIVE = "interactive", "interactive: a person reads the answers as they come"
+        BACKGROUND = "background", "background: an app working through a batch; people first"
+
     name = models.CharField(max_length=100, unique=True)
     prefix = models.CharField(max_length=12)  # shown in lists so keys can be told apart
     key_hash = models.CharField(max_length=64, unique=True)
     scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.CHAT)
+    # The highest priority the key's requests run at; a request may ask for a lower one.
+    priority = models.CharField(
+        max_length=12, choices=Priority.choices, default=Priority.INTERACTIVE
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
@@ -158,10 +169,11 @@ class ApiKey(models.Model):
 
     @classmethod
     def create(
-        cls, name: str, scope: str = Scope.CHAT, household: str = ""
-    ) -> tuple["ApiKey", str]:
+        cls, name: str, scope: str = Scope.CHAT, household: str = "",
+        priority: str = Priority.INTERACTIVE,
+    ) -> tuple["ApiKey", str]:  # fmt: skip
         """Create a key; returns the record and the raw key, which is never stored."""
         raw = "hla-" + secrets.token_urlsafe(32)
         key = cls.objects.create(name=name, prefix=raw[:10], key_hash=cls.hash(raw), scope=scope,
-                                 household=household)  # fmt: skip
+                                 household=household, priority=priority)  # fmt: skip
         return key, raw

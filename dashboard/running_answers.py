@@ -5,6 +5,10 @@ Apart from dashboard.chat (which prepares a turn and hands it here) because this
 outlives a socket: a turn belongs to its conversation, runs on when its socket goes away, and a
 new socket of the same user attaches to it. Running answers per user are capped
 (dashboard.limits.chat_answers).
+
+While no socket watches it, nobody reads the answer: it runs as background work (so a long story
+left behind in a closed tab does not slow the people who are reading), and as what it asked for
+again when a socket attaches (Turn.priority, told to the engine by tell_priority).
 """
 
 import asyncio
@@ -24,6 +28,7 @@ from dashboard.limits import chat_answers
 from dashboard.models import Conversation, Message
 from dashboard.wire import FirstOutput
 from inference.engine import GenerationRequest
+from inference.engine.generation import Priority
 from inference.engine.host import ModelSpec
 from inference.history import record_answer
 from inference.serving.client import get_client
@@ -70,10 +75,19 @@ class Turn:
     subscribers: list[Subscriber] = field(default_factory=list)
     task: asyncio.Task | None = None
     final: dict | None = None
+    in_engine: bool = False  # an event of the engine's came: it has the request
+    told: Priority | None = None  # the priority the engine was last told; None: as asked
+    telling: asyncio.Task | None = None  # tell_priority, while it runs
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
+
+    @property
+    def priority(self) -> Priority:
+        """What the answer should run at: as asked while a socket watches it, background while
+        none does."""
+        return self.request.priority if self.subscribers else "background"
 
     @property
     def running(self) -> bool:
@@ -144,10 +158,21 @@ class Turn:
             subscriber(self.announcement(attached=True))
             subscriber(self.snapshot())
         self.subscribers.append(subscriber)
+        self.readers_changed()
 
     def unsubscribe(self, subscriber: Subscriber) -> None:
         if subscriber in self.subscribers:
             self.subscribers.remove(subscriber)
+            self.readers_changed()
+
+    def readers_changed(self) -> None:
+        """Tell the engine when the priority it holds is no longer the one the turn wants. One
+        task at a time does the telling, so a detach and a quick re-attach arrive in order."""
+        holds = self.told or self.request.priority
+        if not (self.running and self.in_engine) or self.priority == holds:
+            return
+        if self.telling is None or self.telling.done():
+            self.telling = asyncio.get_running_loop().create_task(tell_priority(self))
 
 
 # Conversations with a turn in this process: a second one at the same time (another tab)
@@ -252,6 +277,20 @@ def save_answer(turn: Turn, content: str, final: dict | None) -> dict:
             "thinking": turn.thinking}  # fmt: skip
 
 
+async def tell_priority(turn: Turn) -> None:
+    """Set the request's priority in the engine (InferenceClient.set_priority) until it holds
+    what the turn wants; the last change wins."""
+    client = get_client()
+    while turn.running and turn.priority != (turn.told or turn.request.priority):
+        priority = turn.priority
+        try:
+            await client.set_priority(turn.request_id, priority)
+        except Exception:  # noqa: BLE001 - the answer goes on at the priority it had
+            log.warning("could not make chat turn %s %s", turn.request_id, priority, exc_info=True)
+            return
+        turn.told = priority
+
+
 async def cancel(turn: Turn, reason: str) -> None:
     """Stop the generation at once; the stream then ends with finish_reason "cancelled"."""
     turn.stop_reason = turn.stop_reason or reason
@@ -284,6 +323,11 @@ async def run_turn(turn: Turn) -> dict:
                     turn.cancel_sent_to_stream = True
                     await client.cancel(turn.request_id)
                 kind = event.get("type")
+                # Likewise a priority change: the loading announcement comes before the
+                # engine has the request, every other event after.
+                if not turn.in_engine and not (kind == "phase" and event.get("phase") == "loading"):
+                    turn.in_engine = True
+                    turn.readers_changed()
                 if kind == "token":
                     if event.get("text"):
                         turn.take(event["text"])

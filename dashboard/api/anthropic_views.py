@@ -22,7 +22,7 @@ from django.http import HttpRequest, JsonResponse
 
 from dashboard.api.answers import AnswerParser, Piece
 from dashboard.api.anthropic_schemas import CountTokensRequest, MessagesRequest
-from dashboard.api.auth import api_endpoint, app_id, cache_partition, conversation_key
+from dashboard.api.auth import api_endpoint, app_id, caller_fields
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.prompts import chat_prompt
 from dashboard.api.runs import Run, api_request, resolve_model
@@ -78,8 +78,7 @@ async def messages(request: HttpRequest):
     body = parse_body(request, MessagesRequest)
     model, prompt = await _conversation(body)
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls)
-    asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request))  # fmt: skip
+    asked = api_request(model, prompt.prompt, sampling, **caller_fields(request))
     run = Run(model, asked, source="anthropic", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()

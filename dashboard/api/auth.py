@@ -12,6 +12,11 @@ SHA-256 hash.
 `api_endpoint` is the one declaration of an endpoint's rules: it enforces them in the view and
 records them on it as an `EndpointPolicy`, which the gate (appliance.gate) reads to refuse an
 anonymous or oversized body before it is read. An endpoint is gated the day it is declared.
+
+`caller_fields` is what a generation takes from who asked, the same for every generation view:
+its conversation and partition in the prefix cache, its priority (the key's, or lower if the
+request asks: never higher) and its share in fair-share admission (the key's, or one of its
+app's users when Open WebUI names them).
 """
 
 import functools
@@ -21,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import TypedDict
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -29,9 +35,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard.api.errors import ApiError, Dialect
+from dashboard.api.errors import ApiError, Dialect, invalid
 from dashboard.api.ratelimit import get_limiter
 from dashboard.models import ApiKey
+from inference.engine.generation import PRIORITIES, Priority
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +202,10 @@ def app_id(request: HttpRequest) -> str:
     return f"apikey:{request.api_key.pk}"
 
 
-# Open WebUI's chat id (a UUID; "local:<id>" for temporary chats), as far as a cache key takes it.
+# Open WebUI's chat id (a UUID; "local:<id>" for temporary chats), as far as a cache key takes it:
+# 96 characters leave room for "apikey:<id>:chat:" within the engine's MAX_ID_CHARS (128).
 CHAT_ID_HEADER = "X-OpenWebUI-Chat-Id"
-_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+_CHAT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,95}")
 
 
 def conversation_key(request: HttpRequest) -> str:
@@ -205,7 +213,7 @@ def conversation_key(request: HttpRequest) -> str:
     when the app names it (Open WebUI sends X-OpenWebUI-Chat-Id), so its chats keep a slot each
     instead of competing for the app's. Only a hint for which slot to prefer: the KV it may
     reuse is still bounded by cache_partition, which no header changes. A header that is not a
-    plain id of at most 128 characters is ignored."""
+    plain id of at most 96 characters is ignored."""
     base = app_id(request)
     chat = request.headers.get(CHAT_ID_HEADER, "")
     if chat and _CHAT_ID.fullmatch(chat):
@@ -217,3 +225,71 @@ def cache_partition(request: HttpRequest) -> str:
     """The prefix-cache partition of the request's API key: an app reuses, and learns about,
     only the KV of its own earlier requests (or its household's, when an admin set one)."""
     return request.api_key.cache_partition
+
+
+# A request's own ask for a lower priority, in either dialect (Ollama's API has no field for it;
+# OpenAI's service_tier "flex" asks the same).
+PRIORITY_HEADER = "X-Appliance-Priority"
+
+
+def lowest(*priorities: Priority) -> Priority:
+    """The lowest of some priorities: background below interactive."""
+    return max(priorities, key=PRIORITIES.index)
+
+
+def asked_priority(request: HttpRequest) -> Priority:
+    """What the request's X-Appliance-Priority header asks (interactive without one); any other
+    value is a 400, so a typo does not quietly run a batch at a person's priority."""
+    raw = request.headers.get(PRIORITY_HEADER)
+    if raw is None:
+        return "interactive"
+    value = raw.strip().lower()
+    if value not in PRIORITIES:
+        raise invalid(f"{PRIORITY_HEADER} must be {' or '.join(PRIORITIES)}, not {raw[:40]!r}",
+                      param=PRIORITY_HEADER)  # fmt: skip
+    return value
+
+
+def priority_of(request: HttpRequest, asked: Priority = "interactive") -> Priority:
+    """The priority a request runs at: its key's, or lower when the request asks for lower
+    (`asked`: its dialect's field, such as service_tier; and the header). Never higher: an
+    app whose key an admin marked background cannot ask its way in front of people."""
+    return lowest(request.api_key.priority, asked, asked_priority(request))
+
+
+# Open WebUI's user, sent with ENABLE_FORWARD_USER_INFO_HEADERS (its ids are UUIDs).
+USER_ID_HEADER = "X-OpenWebUI-User-Id"
+_USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def share_of(request: HttpRequest) -> str:
+    """Whose turn the request takes in fair-share admission: its app ("apikey:<id>"), narrowed
+    to one of the app's users when Open WebUI names them ("apikey:<id>:user:<uid>"), so the
+    people behind one Open WebUI take turns as people on the chat page do. The header is the
+    app's word, not proof: the share always starts with the app's own key (a header cannot
+    take another app's turn, and admission can weigh apps before their users), and the app's
+    answers at once stay capped by MAX_STREAMS_PER_KEY. A header that is not a plain id of at
+    most 64 characters is ignored."""
+    base = app_id(request)
+    user = request.headers.get(USER_ID_HEADER, "")
+    if user and _USER_ID.fullmatch(user):
+        return f"{base}:user:{user}"
+    return base
+
+
+class CallerFields(TypedDict):
+    cache_key: str
+    cache_partition: str
+    priority: Priority
+    share: str
+
+
+def caller_fields(request: HttpRequest, *, asked: Priority = "interactive") -> CallerFields:
+    """What a generation's request takes from who asked (inference.catalog.request_for's
+    fields), the same for every generation view: `asked` is the priority its body asks for."""
+    return CallerFields(
+        cache_key=conversation_key(request),
+        cache_partition=cache_partition(request),
+        priority=priority_of(request, asked),
+        share=share_of(request),
+    )

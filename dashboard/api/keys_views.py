@@ -1,4 +1,5 @@
-"""The API keys page (/api-keys/): staff create and revoke the keys home apps use.
+"""The API keys page (/api-keys/): staff create and revoke the keys home apps use, and set
+each key's priority (interactive, or background for an app working through a batch).
 
 A new key is shown once, in the response to the form that created it, and never stored: the
 database keeps only its hash and a prefix to tell keys apart. Beside it: a copy button and
@@ -34,17 +35,32 @@ class ApiKeyForm(forms.Form):
         "only chat",
     )  # fmt: skip
 
+    priority = forms.ChoiceField(
+        choices=ApiKey.Priority.choices, initial=ApiKey.Priority.INTERACTIVE, required=False,
+        help_text="background: the app's answers wait while people are answered, and its "
+        "requests can ask for nothing higher; for taggers, indexers and batch scripts",
+    )  # fmt: skip
+
     household = forms.SlugField(
         max_length=40, required=False,
         help_text="optional: keys with the same household share cached prompts (a long common "
         "system prompt is then read once for all of them); empty keeps this app's cache its own",
     )  # fmt: skip
 
+    def clean_priority(self) -> str:
+        return self.cleaned_data["priority"] or ApiKey.Priority.INTERACTIVE  # not sent: default
+
     def clean_name(self) -> str:
         name = self.cleaned_data["name"].strip()
         if ApiKey.objects.filter(name=name).exists():
             raise forms.ValidationError("a key with this name exists already")
         return name
+
+
+class PriorityForm(forms.Form):
+    """A key's priority, changed from its row in the table."""
+
+    priority = forms.ChoiceField(choices=ApiKey.Priority.choices)
 
 
 class Example(NamedTuple):
@@ -100,6 +116,7 @@ def _page(request: HttpRequest, form: ApiKeyForm, new_key: str | None = None,
     return render(request, "api/keys.html", {
         "form": form,
         "keys": ApiKey.objects.all(),
+        "priorities": ApiKey.Priority.choices,
         "new_key": new_key,
         "base_url": base_url,
         "base": base_url.rstrip("/"),
@@ -120,7 +137,8 @@ def keys_page(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _page(request, form, status=400)
     key, raw = ApiKey.create(form.cleaned_data["name"], form.cleaned_data["scope"],
-                             household=form.cleaned_data["household"])  # fmt: skip
+                             household=form.cleaned_data["household"],
+                             priority=form.cleaned_data["priority"])  # fmt: skip
     # Rendered, not redirected: the raw key must not pass through the session or a URL.
     return _page(request, ApiKeyForm(), new_key=raw)
 
@@ -140,4 +158,22 @@ def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
     key.revoked = True
     key.save(update_fields=["revoked"])
     messages.success(request, f"the key {key.name} is revoked: apps using it are refused now")
+    return redirect("api_keys")
+
+
+@never_cache
+@staff_required
+@with_csp
+@require_POST
+def set_key_priority(request: HttpRequest, key_id: int) -> HttpResponse:
+    """A key's priority from its row: requests that arrive from now on run at it (those
+    running keep theirs)."""
+    key = get_object_or_404(ApiKey, pk=key_id, revoked=False)
+    form = PriorityForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "the priority must be interactive or background")
+        return redirect("api_keys")
+    key.priority = form.cleaned_data["priority"]
+    key.save(update_fields=["priority"])
+    messages.success(request, f"the key {key.name} is {key.priority} now")
     return redirect("api_keys")

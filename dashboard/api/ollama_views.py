@@ -19,13 +19,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.answers import AnswerParser
-from dashboard.api.auth import (
-    api_endpoint,
-    app_id,
-    cache_partition,
-    conversation_key,
-    require_scope,
-)
+from dashboard.api.auth import api_endpoint, app_id, caller_fields, require_scope
 from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
@@ -241,8 +235,7 @@ def _granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -
 async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str):
     keep_alive = _granted_keep_alive(request.api_key, model, body.keep_alive)
     asked = api_request(model, prompt.prompt, prompt.constrain(body.sampling()),
-                        keep_alive=keep_alive, cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request))  # fmt: skip
+                        keep_alive=keep_alive, **caller_fields(request))  # fmt: skip
     run = Run(model, asked, source="ollama", client_name=_client_name(request),
               app=app_id(request), min_ctx=_num_ctx(model, body))  # fmt: skip
     await run.start()

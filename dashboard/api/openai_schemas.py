@@ -37,6 +37,7 @@ from dashboard.api.schemas import (
     total_chars,
 )
 from dashboard.api.structured import json_object_grammar, schema_grammar
+from inference.engine.generation import Priority
 from inference.thinking import Think
 
 
@@ -124,7 +125,7 @@ class OpenAISampling(Strict):
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
 
     @property
-    def priority(self) -> str:
+    def priority(self) -> Priority:
         return "background" if self.service_tier == "flex" else "interactive"
 
     def sampling(self) -> dict:

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api.answers import AnswerParser, Piece
-from dashboard.api.auth import api_endpoint, app_id, cache_partition, conversation_key
+from dashboard.api.auth import api_endpoint, app_id, caller_fields
 from dashboard.api.errors import ApiError, from_event
 from dashboard.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from dashboard.api.prompts import chat_prompt, raw_prompt
@@ -86,9 +86,8 @@ async def chat_completions(request: HttpRequest):
     prompt = await chat_prompt(model, messages, body.active_tools, think=body.think,
                                think_param="reasoning_effort")  # fmt: skip
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls is not False)
-    asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request),
-                        priority=body.priority)  # fmt: skip
+    asked = api_request(model, prompt.prompt, sampling,
+                        **caller_fields(request, asked=body.priority))  # fmt: skip
     run = Run(model, asked, source="openai", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()
@@ -172,9 +171,7 @@ async def completions(request: HttpRequest):
     body = parse_body(request, CompletionRequest)
     model = await resolve_model(body.model)
     asked = api_request(model, raw_prompt(model, body.prompt).prompt, body.sampling(),
-                        cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request),
-                        priority=body.priority)  # fmt: skip
+                        **caller_fields(request, asked=body.priority))  # fmt: skip
     run = Run(model, asked, source="openai", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api.auth import api_endpoint, app_id, cache_partition, conversation_key
+from dashboard.api.auth import api_endpoint, app_id, caller_fields
 from dashboard.api.errors import from_event
 from dashboard.api.prompts import chat_prompt
 from dashboard.api.responses_events import ResponseBuilder
@@ -29,9 +29,8 @@ async def responses(request: HttpRequest):
     prompt = await chat_prompt(model, body.messages(), body.active_tools, think=body.think,
                                think_param="reasoning")  # fmt: skip
     sampling = prompt.constrain(body.sampling(), parallel=body.parallel_tool_calls is not False)
-    asked = api_request(model, prompt.prompt, sampling, cache_key=conversation_key(request),
-                        cache_partition=cache_partition(request),
-                        priority=body.priority)  # fmt: skip
+    asked = api_request(model, prompt.prompt, sampling,
+                        **caller_fields(request, asked=body.priority))  # fmt: skip
     run = Run(model, asked, source="openai", client_name=request.api_key.name,
               app=app_id(request))  # fmt: skip
     await run.start()

@@ -18,7 +18,7 @@ from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.limits import api_streams
 from dashboard.wire import FirstOutput
 from inference.catalog import UnknownModel, request_for, resolve, spec_for
-from inference.engine import GenerationRequest, InvalidParams
+from inference.engine import GenerationRequest, Refused
 from inference.history import record_answer
 from inference.models import LLMModel
 from inference.prompting import Prompt
@@ -37,10 +37,11 @@ async def resolve_model(name: str | None) -> LLMModel:
 def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
     """The request for an API call (inference.catalog.request_for), its clock started when it
     reached the application (the gate's stamp, appliance.arrival), not now, after parsing,
-    authentication and prompt rendering; a sampling value out of bounds is a 400 naming it."""
+    authentication and prompt rendering; a sampling value out of bounds (or any other field the
+    request refuses) is a 400 naming it."""
     try:
         return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)
-    except InvalidParams as exc:
+    except Refused as exc:
         raise from_refusal(exc) from None
 
 

@@ -59,6 +59,8 @@ urlpatterns = [
     # The keys page
     path("api-keys/", keys_views.keys_page, name="api_keys"),
     path("api-keys/<int:key_id>/revoke/", keys_views.revoke_key, name="revoke_api_key"),
+    path("api-keys/<int:key_id>/priority/", keys_views.set_key_priority,
+         name="api_key_priority"),  # fmt: skip
     # Last: every other path of the two dialects is a JSON 404, not an HTML page.
     re_path(r"^v1/(?P<rest>.*)$", unknown_endpoint("openai")),
     re_path(r"^api/(?P<rest>.*)$", unknown_endpoint("ollama")),

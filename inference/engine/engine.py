@@ -165,7 +165,7 @@ class Engine:
             priority=asked.priority,
             share=asked.share,
         )
-        handle = RequestHandle(request.id, self.cancel, sink)
+        handle = RequestHandle(request.id, self.cancel, sink, set_priority=self.set_priority)
         # Checked and queued under the lock the loop takes when it stops, so a request is
         # either refused here or seen by the loop's last drain: never silently left behind.
         with self._pending_lock:

@@ -93,16 +93,20 @@ def is_final(event: Event) -> bool:
 
 
 class RequestHandle:
-    """The submitter's side of one request: its events, and a way to cancel it."""
+    """The submitter's side of one request: its events, and ways to cancel it and to change
+    its priority while it runs (each a message to whoever holds the request)."""
 
     def __init__(
         self,
         request_id: str,
         cancel: Callable[[str], None],
         sink: Callable[[Event], None] | None = None,
+        *,
+        set_priority: Callable[[str, str], None] | None = None,
     ):
         self.id = request_id
         self._cancel = cancel
+        self._set_priority = set_priority
         # With a sink, events go straight to it (a runner process forwards them over its
         # connection) instead of waiting in this handle for a reader.
         self._sink = sink
@@ -133,6 +137,12 @@ class RequestHandle:
 
     def cancel(self) -> None:
         self._cancel(self.id)
+
+    def set_priority(self, priority: str) -> None:
+        """"interactive" or "background" from the engine's next step on (Engine.set_priority);
+        a handle made without the callback has no engine that could change it: a no-op."""
+        if self._set_priority is not None:
+            self._set_priority(self.id, priority)
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Blocking iterator for threads; raises queue.Empty if `timeout` passes between events."""

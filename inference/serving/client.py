@@ -14,7 +14,9 @@ dashboards (`publishes_telemetry`), and the idle unload's sweep (`unload_idle`).
 "phase" | "progress" | "token" | "done" | "error", ...} as inference.engine.events defines them.
 It never raises for a request's own problem: a refused request is one error event whose `code`
 is a RefusalKind (inference.engine.refusals), which the API maps to an HTTP status. Leaving the
-iteration early cancels the generation at once.
+iteration early cancels the generation at once. `set_priority()` changes a running request's
+priority ("interactive" or "background", Engine.set_priority) the way `cancel()` reaches it; an
+id that is not running (yet, or any more) is ignored.
 
 `embed()` returns the vectors of an EmbedJob (inference.serving.embeds) as an EmbedResult, or
 raises EmbedError, whose `event` is the error event a refused generation would give.
@@ -30,6 +32,7 @@ from typing import Literal, Protocol
 from django.conf import settings
 
 from inference.engine import GenerationRequest
+from inference.engine.generation import Priority
 from inference.engine.host import EngineHost, ModelSpec
 from inference.serving.core import serve
 from inference.serving.embeds import EmbedJob, EmbedResult, embed
@@ -45,6 +48,7 @@ class InferenceClient(Protocol):
 
     def stream(self, request: GenerationRequest, spec: ModelSpec) -> AsyncIterator[dict]: ...
     async def cancel(self, request_id: str) -> None: ...
+    async def set_priority(self, request_id: str, priority: Priority) -> None: ...
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
     async def tokenize(
         self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
@@ -90,6 +94,11 @@ class EmbeddedClient:
         handle = self._handles.get(request_id)
         if handle is not None:
             handle.cancel()
+
+    async def set_priority(self, request_id: str, priority: Priority) -> None:
+        handle = self._handles.get(request_id)
+        if handle is not None:
+            handle.set_priority(priority)
 
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult:
         return await embed(self.host, job, spec)

@@ -13,6 +13,7 @@ from inference.serving.supervisor import RunnerSupervisor
 def make_supervisor() -> RunnerSupervisor:
     return RunnerSupervisor(
         itl_target=settings.ITL_TARGET_MS / 1000.0,
+        background_itl_target=settings.BACKGROUND_ITL_TARGET_MS / 1000.0,
         max_queue=settings.ENGINE_MAX_QUEUE,
         state_dir=settings.DATA_DIR,
     )

@@ -6,8 +6,8 @@ a refusal as its Refusal (kind, message, field). One exchange at a time per dire
 assumed: the runner answers each Submit with Accepted or Refused carrying the request id, and
 events of many requests interleave on the same connection.
 
-    supervisor → runner: Launch (first), then Submit, Cancel, Embed, Tokenize, Detokenize,
-                         SnapshotRequest, Shutdown
+    supervisor → runner: Launch (first), then Submit, Cancel, SetPriority, Embed, Tokenize,
+                         Detokenize, SnapshotRequest, Shutdown
     runner → supervisor: Ready or LoadFailed (first), then Accepted, Refused, engine events,
                          Embedded or EmbedFailed (the answer to an Embed),
                          Tokenized, Detokenized or TokensFailed (the answer to a Tokenize or
@@ -18,7 +18,7 @@ events of many requests interleave on the same connection.
 from dataclasses import dataclass, field
 
 from inference.engine.embedding import Embedding
-from inference.engine.generation import GenerationRequest
+from inference.engine.generation import GenerationRequest, Priority
 from inference.engine.refusals import Refusal
 
 
@@ -32,6 +32,7 @@ class Launch:
     itl_target: float
     max_queue: int
     log_level: str = "INFO"
+    background_itl_target: float = 1.0  # the looser target of steps that only feed apps
 
 
 @dataclass(slots=True, frozen=True)
@@ -66,6 +67,15 @@ class Refused:
 @dataclass(slots=True, frozen=True)
 class Cancel:
     request_id: str
+
+
+@dataclass(slots=True, frozen=True)
+class SetPriority:
+    """Engine.set_priority: "interactive" or "background" from the next step on; an id the
+    engine no longer has (or never had) is ignored."""
+
+    request_id: str
+    priority: Priority
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,11 +7,11 @@ FD is this end of a socket pair its supervisor made (inference.serving.runner_pr
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
-1. the main thread reads Submit / Cancel / Embed / Tokenize / Detokenize / SnapshotRequest /
-   Shutdown, and answers each Submit and SnapshotRequest at once (a snapshot only reads
-   counters: it never waits for a step); an Embed is checked and tokenized here and answered
-   when the engine thread has computed it, between two steps; a Tokenize or Detokenize is
-   checked here and answered when the engine thread has computed it;
+1. the main thread reads Submit / Cancel / SetPriority / Embed / Tokenize / Detokenize /
+   SnapshotRequest / Shutdown, and answers each Submit and SnapshotRequest at once (a snapshot
+   only reads counters: it never waits for a step); an Embed is checked and tokenized here and
+   answered when the engine thread has computed it, between two steps; a Tokenize or
+   Detokenize is checked here and answered when the engine thread has computed it;
 2. the engine thread sends every event of every request the moment it happens.
 
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
@@ -19,6 +19,7 @@ outlives the process that started it. It imports no Django.
 """
 
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -51,6 +52,17 @@ def load_runner(launch: m.Launch):
     module, _, attribute = launch.runner_factory.partition(":")
     factory = getattr(importlib.import_module(module), attribute)
     return factory(launch.config)
+
+
+def engine_options(launch: m.Launch) -> dict:
+    """The Launch's settings that not every Engine takes yet. BACKGROUND_ITL_TARGET_MS reaches
+    the Engine only where its signature has `background_itl_target` (the engine side's issue 18
+    work adds it): until both branches are merged, the runner starts either way. Once Engine
+    takes it for good, pass it in run() like itl_target and delete this."""
+    accepted = inspect.signature(Engine).parameters
+    if "background_itl_target" in accepted:
+        return {"background_itl_target": launch.background_itl_target}
+    return {}
 
 
 def warm_up(engine: Engine) -> None:
@@ -127,6 +139,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
                 outbox.send(m.Accepted(rid))
         elif isinstance(message, m.Cancel):
             engine.cancel(message.request_id)
+        elif isinstance(message, m.SetPriority):
+            engine.set_priority(message.request_id, message.priority)
         elif isinstance(message, m.Embed):
             embed(engine, message, outbox)
         elif isinstance(message, m.Tokenize | m.Detokenize):
@@ -150,7 +164,7 @@ def run(conn: Connection) -> None:
     try:
         engine = Engine(
             load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
-            name=launch.name,
+            name=launch.name, **engine_options(launch),
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from inference.engine import EngineStopped, GenerationRequest
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
+from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.refusals import Refusal, RefusalKind, Refused
 from inference.engine.tokens import Tokens
 from inference.serving import messages as m
@@ -111,6 +112,7 @@ class RunnerProcess:
         config: object,
         *,
         itl_target: float = 0.1,
+        background_itl_target: float = 1.0,
         max_queue: int = 64,
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         load_timeout: float = LOAD_TIMEOUT_S,
@@ -121,6 +123,7 @@ class RunnerProcess:
         self.launch = m.Launch(
             name, config, runner_factory, itl_target, max_queue,
             log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            background_itl_target=background_itl_target,
         )  # fmt: skip
         self.load_timeout = load_timeout
         self.on_exit: Callable[[RunnerProcess, RunnerExit], None] | None = None
@@ -208,7 +211,7 @@ class RunnerProcess:
         """Queue a request in the runner; raises a Refused of the kind Engine.submit's refusal
         had, at once."""
         request_id = request.request_id
-        handle = RequestHandle(request_id, self.cancel)
+        handle = RequestHandle(request_id, self.cancel, set_priority=self.set_priority)
         pending = _Pending()
         with self._lock:
             if not self.alive:
@@ -231,6 +234,13 @@ class RunnerProcess:
 
     def cancel(self, request_id: str) -> None:
         self._send(m.Cancel(request_id))
+
+    def set_priority(self, request_id: str, priority: Priority) -> None:
+        """Engine.set_priority in the runner. Checked here, as the engine checks it: a priority
+        that is neither interactive nor background is a ValueError at once."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
+        self._send(m.SetPriority(request_id, priority))
 
     def embed(self, inputs: list[str | list[int]], *, truncate: bool = True) -> Future:
         """Embed texts or token arrays in the runner (Engine.embed there); the Future's result

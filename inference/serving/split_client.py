@@ -14,7 +14,8 @@ A request, step by step:
    worker alive for WORKER_WAIT_S it is an error ("no inference worker is running").
 3. Leaving early (the consumer went away, a stop, a client-side error) marks the request closed
    and publishes its id on appliance:cancel: the worker running it cancels it, and a worker
-   that picks it from the queue later does not run it.
+   that picks it from the queue later does not run it. A new priority (set_priority) goes the
+   same way, on appliance:priority.
 
 Embeddings (`embed()`) go the same way as task "inference.embed": published as in 1, watched
 as in 2, answered by one "done" message that carries the vectors; tokens (`tokenize()`,
@@ -37,6 +38,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.engine import GenerationRequest
+from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
@@ -330,7 +332,7 @@ class SplitClient:
         finally:
             self._streams.pop(rid, None)
 
-    # --- 3. cancelling ---------------------------------------------------------------------------
+    # --- 3. cancelling, and changing a priority --------------------------------------------------
 
     def _abandon(self, request_id: str) -> None:
         """Nobody waits for this request any more: a queued copy must not run, a running one
@@ -349,6 +351,19 @@ class SplitClient:
         if request_id in self._streams:
             self._cancelled.add(request_id)
         await asyncio.to_thread(self._abandon, request_id)
+
+    def _publish_priority(self, request_id: str, priority: Priority) -> None:
+        try:
+            self.redis.publish(protocol.priority_channel(self.redis),
+                               protocol.priority_message(request_id, priority))  # fmt: skip
+        except redis.RedisError as exc:
+            log.warning("could not change the priority of %s: %s", request_id, exc)
+
+    async def set_priority(self, request_id: str, priority: Priority) -> None:
+        """Every worker hears it; the one answering the request applies it (worker_state)."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
+        await asyncio.to_thread(self._publish_priority, request_id, priority)
 
     # --- models and telemetry --------------------------------------------------------------------
 

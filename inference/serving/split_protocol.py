@@ -9,6 +9,8 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
     appliance:req:<id>:started        set when the request's first token went out
     appliance:req:<id>:closed         nobody waits for this request any more: never run it
     appliance:cancel                  pub/sub: a request id to cancel, heard by every worker
+    appliance:priority                pub/sub: {"request_id", "priority"} (JSON), a running
+                                      request's new priority; workers without it ignore it
     appliance:control                 pub/sub: load/unload commands, heard by every worker
 
 Keys live in the Redis database of REDIS_URL, but pub/sub channels are global to the server, so
@@ -16,7 +18,11 @@ their names carry the database number (when it is not 0): two appliances, or a t
 one Redis server never hear each other's cancels.
 """
 
+import json
+
 import redis
+
+from inference.engine.generation import MAX_ID_CHARS, PRIORITIES, Priority
 
 QUEUE = "inference"  # the Celery queue of "inference.generate"
 
@@ -68,6 +74,10 @@ def cancel_channel(client: redis.Redis) -> str:
     return _channel("cancel", client)
 
 
+def priority_channel(client: redis.Redis) -> str:
+    return _channel("priority", client)
+
+
 def control_channel(client: redis.Redis) -> str:
     return _channel("control", client)
 
@@ -86,6 +96,28 @@ def connect(url: str) -> redis.Redis:
 def claimed_event(request_id: str, worker: str, instance: str) -> dict:
     """The worker's first message on a reply channel: whose heartbeat the client must watch."""
     return {"type": "claimed", "request_id": request_id, "worker": worker, "instance": instance}
+
+
+def priority_message(request_id: str, priority: Priority) -> str:
+    """What SplitClient.set_priority publishes on the priority channel."""
+    return json.dumps({"request_id": request_id, "priority": priority})
+
+
+def read_priority(data: str) -> tuple[str, Priority] | None:
+    """(request id, priority) from a priority message; None for anything else (a garbled or
+    foreign message is dropped, never raised in the listener)."""
+    try:
+        message = json.loads(data)
+    except (TypeError, ValueError):
+        return None
+    if not isinstance(message, dict):
+        return None
+    request_id, priority = message.get("request_id"), message.get("priority")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID_CHARS:
+        return None
+    if priority not in PRIORITIES:
+        return None
+    return request_id, priority
 
 
 def cancelled_event(request_id: str) -> dict:

@@ -84,6 +84,7 @@ class RunnerSupervisor:
         self,
         *,
         itl_target: float = 0.1,
+        background_itl_target: float = 1.0,
         max_queue: int = 64,
         state_dir=None,
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
@@ -91,6 +92,7 @@ class RunnerSupervisor:
         max_backoff_s: float = MAX_BACKOFF_S,
     ):
         self.itl_target = itl_target
+        self.background_itl_target = background_itl_target
         self.max_queue = max_queue
         self.runner_factory = runner_factory
         self.first_backoff_s = first_backoff_s
@@ -135,7 +137,8 @@ class RunnerSupervisor:
 
     def _launch(self, name: str, config) -> RunnerProcess:
         return RunnerProcess(
-            name, config, itl_target=self.itl_target, max_queue=self.max_queue,
+            name, config, itl_target=self.itl_target,
+            background_itl_target=self.background_itl_target, max_queue=self.max_queue,
             runner_factory=self.runner_factory,
         ).start()  # fmt: skip
 

@@ -6,7 +6,8 @@ it is answering, and the threads that make it visible and reachable from the web
   same name has a new instance id, so it does not vouch for its predecessor's requests).
 - telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.serving.feed) into a
   Redis key that SplitClient.snapshots() reads, and to the dashboards (feed.publish).
-- listener: pub/sub "appliance:cancel" (a request id) and "appliance:control" (load/unload).
+- listener: pub/sub "appliance:cancel" (a request id), "appliance:priority" (a request's new
+  priority) and "appliance:control" (load/unload).
 
 No database here: a worker on another box only has Redis and the model files.
 """
@@ -25,6 +26,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from inference.engine.events import RequestHandle
+from inference.engine.generation import Priority
 from inference.serving import split_protocol as keys
 from inference.serving.feed import publish, worker_snapshot
 from inference.serving.hosting import make_host, make_supervisor
@@ -36,23 +38,34 @@ RETRY_AFTER_REDIS_ERROR_S = 1.0
 
 
 class Running:
-    """One request this worker is answering. A cancel may arrive before the engine has the
-    request (the model still loading): it is remembered and applied when the handle comes."""
+    """One request this worker is answering. A cancel or a new priority may arrive before the
+    engine has the request (the model still loading): it is remembered and applied when the
+    handle comes."""
 
-    __slots__ = ("request_id", "handle", "cancelled", "_lock")
+    __slots__ = ("request_id", "handle", "cancelled", "priority", "_lock")
 
     def __init__(self, request_id: str):
         self.request_id = request_id
         self.handle: RequestHandle | None = None
         self.cancelled = False
+        self.priority: Priority | None = None  # set while it runs; None: as it was asked
         self._lock = threading.Lock()
 
     def attach(self, handle: RequestHandle) -> None:
         with self._lock:
             self.handle = handle
-            cancelled = self.cancelled
+            cancelled, priority = self.cancelled, self.priority
+        if priority is not None:
+            handle.set_priority(priority)
         if cancelled:
             handle.cancel()
+
+    def set_priority(self, priority: Priority) -> None:
+        with self._lock:
+            self.priority = priority
+            handle = self.handle
+        if handle is not None:
+            handle.set_priority(priority)
 
     def cancel(self) -> None:
         with self._lock:
@@ -125,6 +138,17 @@ class WorkerRuntime:
         log.info("cancelled %s", request_id)
         return True
 
+    def set_priority(self, request_id: str, priority: Priority) -> bool:
+        """Apply a new priority to a request this worker answers; False (ignored) for one it
+        does not have: every worker hears every priority message."""
+        with self._lock:
+            running = self._running.get(request_id)
+        if running is None:
+            return False
+        running.set_priority(priority)
+        log.info("%s is %s now", request_id, priority)
+        return True
+
     def running_count(self) -> int:
         with self._lock:
             return len(self._running)
@@ -180,17 +204,22 @@ class WorkerRuntime:
 
     def _listen_loop(self) -> None:
         cancel = keys.cancel_channel(self.redis)
+        priority = keys.priority_channel(self.redis)
         control = keys.control_channel(self.redis)
         while not self._stop.is_set():
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(cancel, control)
+                pubsub.subscribe(cancel, priority, control)
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is None:
                         continue
                     if message["channel"] == cancel:
                         self.cancel(str(message["data"]))
+                    elif message["channel"] == priority:
+                        change = keys.read_priority(message["data"])
+                        if change is not None:
+                            self.set_priority(*change)
                     elif message["channel"] == control:
                         self._control(message["data"])
             except redis.RedisError as exc:

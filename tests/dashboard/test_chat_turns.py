@@ -9,7 +9,8 @@ from asgiref.sync import sync_to_async
 
 from dashboard import chat, running_answers
 from dashboard.models import Conversation, Message
-from tests.dashboard.web.sockets import open_socket, streamed_text, until_final
+from inference.serving.client import get_client
+from tests.dashboard.web.sockets import open_socket, streamed_text, until_final, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio, pytest.mark.model]
 
@@ -110,6 +111,48 @@ async def test_stop_from_the_reattached_socket_cancels_the_answer(long_answers, 
     assert (final["type"], final["finish_reason"]) == ("done", "cancelled")
     answer = await db(_message, opening["message_id"])
     assert answer.state == Message.State.STOPPED and answer.content == final["text"] != ""
+
+
+@pytest.fixture
+def endless_answers(starter_model):
+    starter_model.default_params = {"max_tokens": 1500, "temperature": 0.0}
+    starter_model.save()
+    return starter_model
+
+
+async def _runs_as(request_id: str, priority: str) -> bool:
+    """Whether the request's row in its engine's snapshot has this priority."""
+    snapshots = await asyncio.to_thread(get_client().snapshots)
+    rows = [row for snapshot in snapshots for model in snapshot["models"].values()
+            for row in model.get("streams") or []]  # fmt: skip
+    return any(row["id"] == request_id[:8] and row["priority"] == priority for row in rows)
+
+
+async def test_an_answer_nobody_watches_runs_as_background_until_a_reader_attaches(
+    endless_answers, member
+):
+    first, _, _ = await open_socket("/ws/chat/", member)
+    await first.send_json_to({"type": "send", "conversation": None,
+                              "content": "Count from 1 to 1000, separated by commas."})  # fmt: skip
+    opening = await first.receive_json_from(timeout=60)
+    await _tokens(first, 2)
+    rid = opening["request_id"]
+    turn = running_answers.running_turn(opening["id"])
+    assert turn.request.share == f"user:{member.pk}"  # the person's turn in fair share
+    assert await wait_for(lambda: _runs_as(rid, "interactive"))
+
+    await first.disconnect(timeout=60)  # the tab is closed; the answer runs on
+    assert await wait_for(lambda: _runs_as(rid, "background"))
+
+    second, _, _ = await open_socket("/ws/chat/", member)
+    await second.send_json_to({"type": "attach", "conversation": opening["id"]})
+    assert (await second.receive_json_from(timeout=30))["attached"] is True
+    await second.receive_json_from(timeout=30)  # the snapshot
+    assert await wait_for(lambda: _runs_as(rid, "interactive"))  # someone reads it again
+
+    await second.send_json_to({"type": "stop"})
+    assert (await until_final(second))[-1]["finish_reason"] == "cancelled"
+    await second.disconnect()
 
 
 async def test_attaching_when_nothing_runs_says_so(short_answers, member):

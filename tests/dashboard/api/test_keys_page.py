@@ -110,3 +110,58 @@ def test_the_command_prints_a_working_key_once(capsys):
     assert key.scope == "admin" and key.key_hash == ApiKey.hash(raw)
     with pytest.raises(CommandError):
         call_command("create_api_key", "backup-box")
+
+
+# --- priority ----------------------------------------------------------------------------------
+
+
+def test_a_new_key_is_interactive_unless_staff_make_it_background(client, admin_user):
+    client.force_login(admin_user)
+    client.post("/api-keys/", {"name": "open-webui", "scope": "chat"})
+    client.post("/api-keys/", {"name": "paperless", "scope": "chat", "priority": "background"})
+    assert ApiKey.objects.get(name="open-webui").priority == "interactive"
+    assert ApiKey.objects.get(name="paperless").priority == "background"
+    page = client.get("/api-keys/").content.decode()
+    assert '<option value="background" selected>background</option>' in page  # paperless's row
+
+
+def test_staff_change_a_keys_priority_from_its_row(client, admin_user):
+    key, _ = ApiKey.create("karakeep")
+    client.force_login(admin_user)
+    assert client.get(f"/api-keys/{key.pk}/priority/").status_code == 405
+
+    response = client.post(f"/api-keys/{key.pk}/priority/", {"priority": "background"})
+    assert response.status_code == 302
+    key.refresh_from_db()
+    assert key.priority == "background"
+
+    client.post(f"/api-keys/{key.pk}/priority/", {"priority": "urgent"})  # no such priority
+    key.refresh_from_db()
+    assert key.priority == "background"
+
+
+def test_a_member_cannot_change_a_keys_priority(client, member):
+    key, _ = ApiKey.create("frigate")
+    client.force_login(member)
+    assert client.post(f"/api-keys/{key.pk}/priority/", {"priority": "background"}).status_code == (
+        403
+    )
+    key.refresh_from_db()
+    assert key.priority == "interactive"
+
+
+def test_the_command_creates_a_background_key(capsys):
+    call_command("create_api_key", "tagger", "--priority", "background")
+    raw = capsys.readouterr().out.strip()
+    key = ApiKey.objects.get(name="tagger")
+    assert key.priority == "background" and key.key_hash == ApiKey.hash(raw)
+    call_command("create_api_key", "assistant")
+    assert ApiKey.objects.get(name="assistant").priority == "interactive"
+    with pytest.raises(CommandError):
+        call_command("create_api_key", "x", "--priority", "urgent")
+
+
+def test_the_key_priorities_are_the_engines():
+    from inference.engine.generation import PRIORITIES
+
+    assert tuple(ApiKey.Priority.values) == PRIORITIES

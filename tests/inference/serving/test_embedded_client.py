@@ -95,3 +95,23 @@ async def test_a_refusal_after_a_load_still_comes_as_one_error_event_after_the_l
         assert events[0]["phase"] == "loading" and events[1]["code"] == "too_long"
     finally:
         client.host.shutdown()
+
+
+async def test_set_priority_reaches_the_engine_holding_the_request_and_ignores_others():
+    client, _ = make_client()
+    try:
+        generation = GenerationRequest("hello", SamplingParams(max_tokens=400), model="m")
+        stream = client.stream(generation, spec("m", overhead=0.01))
+        assert (await anext(stream))["type"] in ("phase", "progress")  # the engine has it
+
+        def priorities() -> list[str]:
+            return [row["priority"] for row in client.host.get("m").snapshot()["streams"]]
+
+        await client.set_priority(generation.request_id, "background")
+        assert await asyncio.to_thread(wait_until, lambda: priorities() == ["background"])
+        await client.set_priority("not-running-here", "interactive")  # nothing to change
+        await client.set_priority(generation.request_id, "interactive")
+        assert await asyncio.to_thread(wait_until, lambda: priorities() == ["interactive"])
+        await stream.aclose()
+    finally:
+        client.host.shutdown()

@@ -12,9 +12,9 @@ from inference.engine import EngineStopped, PromptTooLong, RefusalKind, Refused,
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving.cpu_check import FILE_NAME, CpuCheck
-from inference.serving.runner_process import RunnerLoadError
+from inference.serving.runner_process import RunnerLoadError, RunnerProcess
 from inference.serving.supervisor import RunnerBackoff, RunnerSupervisor
-from tests.inference.engine.fakes import ask
+from tests.inference.engine.fakes import ask, wait_until
 
 FACTORIES = "tests.inference.serving.runner_factories"
 DEATH_DEADLINE_S = 3.0  # the promise: a dead runner's requests end within 3 s
@@ -237,3 +237,53 @@ def test_a_background_request_is_background_in_the_runner_it_reached(tmp_path, r
         rows = process.snapshot().get("streams") or []
     handle.cancel()
     assert [row["priority"] for row in rows] == ["background"]
+
+
+def _priorities(process) -> list[str]:
+    return [row["priority"] for row in process.snapshot().get("streams") or []]
+
+
+def test_a_priority_set_while_a_request_runs_reaches_the_engine_in_its_runner(tmp_path, runners):
+    process = start(supervisor(tmp_path), runners)
+    handle = process.submit(ask("hello", SamplingParams(max_tokens=400)))
+    assert wait_until(lambda: _priorities(process) == ["interactive"])
+
+    handle.set_priority("background")  # the handle -> SetPriority -> engine.set_priority
+    assert wait_until(lambda: _priorities(process) == ["background"])
+    handle.set_priority("interactive")
+    assert wait_until(lambda: _priorities(process) == ["interactive"])
+
+    process.set_priority("no-such-request", "background")  # ignored there
+    with pytest.raises(ValueError):
+        handle.set_priority("urgent")  # refused here, before it is sent
+    handle.cancel()
+    assert handle.result(timeout=10).type == "done"  # the runner served on
+
+
+def test_the_background_itl_target_setting_is_part_of_every_runners_launch(tmp_path, settings):
+    from inference.serving.hosting import make_supervisor
+
+    settings.BACKGROUND_ITL_TARGET_MS = 2500
+    sup = make_supervisor()
+    assert sup.background_itl_target == 2.5
+    process = RunnerProcess("m", spec().config, background_itl_target=sup.background_itl_target)
+    assert process.launch.background_itl_target == 2.5
+
+
+def test_the_runner_passes_the_background_itl_target_only_to_an_engine_that_takes_it(
+    monkeypatch,
+):
+    from inference.serving import messages, runner_main
+
+    launch = messages.Launch("m", None, "x:y", 0.1, 64, background_itl_target=2.5)
+
+    class Takes:
+        def __init__(self, runner, *, itl_target=0.1, background_itl_target=1.0): ...
+
+    class Older:
+        def __init__(self, runner, *, itl_target=0.1): ...
+
+    monkeypatch.setattr(runner_main, "Engine", Takes)
+    assert runner_main.engine_options(launch) == {"background_itl_target": 2.5}
+    monkeypatch.setattr(runner_main, "Engine", Older)
+    assert runner_main.engine_options(launch) == {}
