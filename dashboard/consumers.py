@@ -32,7 +32,7 @@ Chat frames out:
     {"type": "branch", "id", "messages": [...], "context_start"}  (after a switch)
     {"type": "renamed", "id", "title"}
 A refused frame gets an error frame without message_id and changes nothing. An answer keeps
-running when its socket closes; a new socket attaches to it (dashboard.running_answers).
+running when its socket closes; a new socket attaches to it (dashboard.chat.answers).
 """
 
 import asyncio
@@ -46,7 +46,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from appliance.arrival import arrival
-from dashboard import chat, running_answers
+from dashboard.chat import answers, turns
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.panels import panels, shares_in
@@ -88,8 +88,8 @@ class ChatConsumer(_JsonConsumer):
     frames. The first output frame that a socket has sent stamps its turn's TTFT
     (dashboard.wire)."""
 
-    turn: running_answers.Turn | None = None  # the answer this socket watches (its own or attached)
-    subscriber: running_answers.Subscriber | None = None  # how this socket watches it
+    turn: answers.Turn | None = None  # the answer this socket watches (its own or attached)
+    subscriber: answers.Subscriber | None = None  # how this socket watches it
     outbox: asyncio.Queue | None = None  # (frame, the turn it belongs to or None)
     sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
@@ -123,7 +123,7 @@ class ChatConsumer(_JsonConsumer):
             if turn is not None and frame.get("type") in OUTPUT_FRAMES:
                 turn.first_output.sent()  # written to the transport now
 
-    def post(self, frame: dict, turn: running_answers.Turn | None = None) -> None:
+    def post(self, frame: dict, turn: answers.Turn | None = None) -> None:
         """A frame for this socket (never blocks); `turn`: the answer it is part of."""
         self.outbox.put_nowait((frame, turn))
 
@@ -160,7 +160,7 @@ class ChatConsumer(_JsonConsumer):
             return
         try:
             await handler[kind](frame)
-        except chat.ChatRefused as exc:
+        except turns.ChatRefused as exc:
             await self.send_error(exc.code, exc.message)
         except Exception:  # noqa: BLE001 - a bug or a database outage: say so, keep the socket
             log.exception("chat frame %r failed", kind)
@@ -174,10 +174,10 @@ class ChatConsumer(_JsonConsumer):
     async def on_send(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=False)
         content = _content(frame)
-        model = _optional_str(frame, "model", chat.MAX_MODEL_NAME_CHARS)
-        system_prompt = _optional_str(frame, "system_prompt", chat.MAX_SYSTEM_PROMPT_CHARS)
+        model = _optional_str(frame, "model", turns.MAX_MODEL_NAME_CHARS)
+        system_prompt = _optional_str(frame, "system_prompt", turns.MAX_SYSTEM_PROMPT_CHARS)
         self._check_idle()
-        turn = await _preparing(chat.prepare_send)(
+        turn = await _preparing(turns.prepare_send)(
             *self._who(), conversation_id=conversation, content=content, model_name=model,
             system_prompt=system_prompt,
         )  # fmt: skip
@@ -188,7 +188,7 @@ class ChatConsumer(_JsonConsumer):
         message = _conversation_id(frame.get("message"), required=True, what="message")
         content = _content(frame)
         self._check_idle()
-        turn = await _preparing(chat.prepare_edit)(
+        turn = await _preparing(turns.prepare_edit)(
             *self._who(), conversation_id=conversation, message_id=message, content=content
         )
         self._start(turn)
@@ -196,22 +196,23 @@ class ChatConsumer(_JsonConsumer):
     async def on_regenerate(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         self._check_idle()
-        turn = await _preparing(chat.prepare_regenerate)(*self._who(), conversation_id=conversation)
+        prepare = _preparing(turns.prepare_regenerate)
+        turn = await prepare(*self._who(), conversation_id=conversation)
         self._start(turn)
 
     async def on_continue(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         self._check_idle()
-        turn = await _preparing(chat.prepare_continue)(*self._who(), conversation_id=conversation)
+        turn = await _preparing(turns.prepare_continue)(*self._who(), conversation_id=conversation)
         self._start(turn)
 
     async def on_attach(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         self._check_idle()
-        saved = await database_sync_to_async(chat.check_attach)(
+        saved = await database_sync_to_async(turns.check_attach)(
             *self._who(), conversation_id=conversation
         )
-        turn = running_answers.running_turn(conversation)
+        turn = answers.running_turn(conversation)
         if turn is None or not turn.running or turn.user_id != self.scope["user"].pk:
             self.post({"type": "attached", "id": conversation, "running": False, **saved})
             return
@@ -221,17 +222,17 @@ class ChatConsumer(_JsonConsumer):
         conversation = _conversation_id(frame.get("conversation"), required=True)
         message = _conversation_id(frame.get("message"), required=True, what="message")
         self._check_idle()
-        reply = await database_sync_to_async(chat.switch_version)(
+        reply = await database_sync_to_async(turns.switch_version)(
             *self._who(), conversation_id=conversation, message_id=message
         )
         self.post(reply)
 
     async def on_rename(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
-        title = _optional_str(frame, "title", chat.MAX_TITLE_CHARS)
+        title = _optional_str(frame, "title", turns.MAX_TITLE_CHARS)
         if not title or not title.strip():
-            raise chat.ChatRefused("invalid", "title must be a non-empty string")
-        reply = await database_sync_to_async(chat.rename)(
+            raise turns.ChatRefused("invalid", "title must be a non-empty string")
+        reply = await database_sync_to_async(turns.rename)(
             *self._who(), conversation_id=conversation, title=title
         )
         self.post(reply)
@@ -239,15 +240,15 @@ class ChatConsumer(_JsonConsumer):
     async def on_stop(self, frame: dict) -> None:
         # Idempotent: a stop racing the answer's end is not an error.
         if self.turn is not None and self.turn.running:
-            await running_answers.cancel(self.turn, "stopped by the user")
+            await answers.cancel(self.turn, "stopped by the user")
 
     # --- the watched turn ----------------------------------------------------------------------
 
     def _check_idle(self) -> None:
         if self.turn is not None and self.turn.running:
-            raise chat.ChatRefused("busy", "an answer is still streaming; stop it first")
+            raise turns.ChatRefused("busy", "an answer is still streaming; stop it first")
 
-    def _watch(self, turn: running_answers.Turn, *, replay: bool) -> None:
+    def _watch(self, turn: answers.Turn, *, replay: bool) -> None:
         self._unwatch()
         self.turn = turn
         self.subscriber = lambda frame: self.post(frame, turn)
@@ -258,10 +259,10 @@ class ChatConsumer(_JsonConsumer):
             self.turn.unsubscribe(self.subscriber)
             self.turn = self.subscriber = None
 
-    def _start(self, turn: running_answers.Turn) -> None:
+    def _start(self, turn: answers.Turn) -> None:
         self.post(turn.announcement())
         self._watch(turn, replay=False)
-        running_answers.start(turn)
+        answers.start(turn)
 
     async def disconnect(self, code) -> None:
         # The answer runs on to its end (and is saved); a new socket can attach to it.
@@ -285,18 +286,18 @@ def _conversation_id(value, *, required: bool, what: str = "conversation") -> in
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise chat.ChatRefused("invalid", f"{what} must be a {what} id")
+        raise turns.ChatRefused("invalid", f"{what} must be a {what} id")
     return value
 
 
 def _content(frame: dict) -> str:
     content = frame.get("content")
     if not isinstance(content, str) or not content.strip():
-        raise chat.ChatRefused("invalid", "content must be a non-empty string")
-    if len(content) > chat.MAX_CONTENT_CHARS:
+        raise turns.ChatRefused("invalid", "content must be a non-empty string")
+    if len(content) > turns.MAX_CONTENT_CHARS:
         # Refused whole, never cut: the page says so before sending, too.
-        raise chat.ChatRefused(
-            "too_long", f"a message may be at most {chat.MAX_CONTENT_CHARS:,} characters; this "
+        raise turns.ChatRefused(
+            "too_long", f"a message may be at most {turns.MAX_CONTENT_CHARS:,} characters; this "
             f"one has {len(content):,}",
         )  # fmt: skip
     return content
@@ -307,9 +308,9 @@ def _optional_str(frame: dict, key: str, limit: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise chat.ChatRefused("invalid", f"{key} must be a string")
+        raise turns.ChatRefused("invalid", f"{key} must be a string")
     if len(value) > limit:
-        raise chat.ChatRefused("too_long", f"{key} may be at most {limit} characters")
+        raise turns.ChatRefused("too_long", f"{key} may be at most {limit} characters")
     return value
 
 

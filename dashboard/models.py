@@ -22,7 +22,7 @@ class Conversation(models.Model):
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     # The first message of the shown branch that the model still reads; older ones were left
-    # out when the chat outgrew the context (dashboard.chat_window). None: all of them.
+    # out when the chat outgrew the context (dashboard.chat.window). None: all of them.
     context_start = models.ForeignKey(
         "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

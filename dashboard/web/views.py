@@ -12,7 +12,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard import chat, chat_prompt, running_answers
+from dashboard.chat import answers, turns
+from dashboard.chat import prompt as chat_prompt
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
 from inference.catalog import default_model
@@ -44,8 +45,8 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
         # Tokens per sequence, for the page's token counter.
         "contexts": {model.name: chat_prompt.context_of(model) for model in registered},
         "model": default.name if default else None,
-        "max_content_chars": chat.MAX_CONTENT_CHARS,
-        "max_system_prompt_chars": chat.MAX_SYSTEM_PROMPT_CHARS,
+        "max_content_chars": turns.MAX_CONTENT_CHARS,
+        "max_system_prompt_chars": turns.MAX_SYSTEM_PROMPT_CHARS,
     }
     if conversation is not None:
         data["conversation"] = {
@@ -54,7 +55,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
             "model": conversation.model_name,
             "system_prompt": conversation.system_prompt,
         }
-        data.update(chat.branch_data(conversation))
+        data.update(turns.branch_data(conversation))
         if conversation.model_name in models:
             data["model"] = conversation.model_name
     conversations = Conversation.objects.filter(user=request.user).only("pk", "title")
@@ -75,7 +76,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
 @require_POST
 def delete_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=conversation_id, user=request.user)
-    if running_answers.is_active(conversation.pk):
+    if answers.is_active(conversation.pk):
         return HttpResponse("this conversation is answering; stop it first", status=409)
     conversation.delete()
     return redirect("chat")

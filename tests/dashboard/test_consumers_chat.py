@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
-from dashboard import chat, running_answers
+from dashboard.chat import answers, turns
 from dashboard.models import Conversation, Message
 from inference.models import RequestRecord
 from inference.serving.client import get_client
@@ -192,7 +192,7 @@ async def test_a_disconnect_leaves_the_answer_running_to_its_end_and_saved(long_
     text = "".join(tokens)
     await ws.disconnect(timeout=60)
 
-    turn = running_answers.running_turn(opening["id"])
+    turn = answers.running_turn(opening["id"])
     assert turn is not None and turn.running  # nobody watches, and it goes on
     final = await asyncio.wait_for(turn.task, timeout=300)
     assert final["finish_reason"] in ("stop", "length")
@@ -204,7 +204,7 @@ async def test_a_disconnect_leaves_the_answer_running_to_its_end_and_saved(long_
 
 @pytest.mark.model
 async def test_the_partial_answer_is_saved_while_it_streams(long_answers, member, monkeypatch):
-    monkeypatch.setattr(running_answers, "PARTIAL_SAVE_EVERY_S", 0.0)  # save after every token
+    monkeypatch.setattr(answers, "PARTIAL_SAVE_EVERY_S", 0.0)  # save after every token
     ws, _, _ = await open_socket("/ws/chat/", member)
     await ws.send_json_to({"type": "send", "conversation": None, "content": "Tell me a story."})
     opening = await ws.receive_json_from(timeout=30)
@@ -288,7 +288,7 @@ async def test_regenerate_shows_a_new_answer_and_keeps_the_old_one_as_a_version(
     assert second["replaced_message_id"] == first["message_id"]
     assert second["user_message_id"] is None
     conversation = await db(Conversation.objects.get, pk=first["id"])
-    shown = await db(chat.branch_data, conversation)
+    shown = await db(turns.branch_data, conversation)
     assert [(m["role"], m["id"]) for m in shown["messages"]] == [
         ("user", first["user_message_id"]), ("assistant", second["message_id"]),
     ]  # fmt: skip
@@ -352,7 +352,8 @@ async def test_a_binary_frame_is_refused(member):
 
 @pytest.mark.parametrize(
     "field, size",
-    [("content", chat.MAX_CONTENT_CHARS + 1), ("system_prompt", chat.MAX_SYSTEM_PROMPT_CHARS + 1)],
+    [("content", turns.MAX_CONTENT_CHARS + 1),
+     ("system_prompt", turns.MAX_SYSTEM_PROMPT_CHARS + 1)],  # fmt: skip
 )
 async def test_an_oversized_field_is_refused(field, size, starter_model, member):
     frame = {"type": "send", "conversation": None, "content": "hi", field: "x" * size}

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from dashboard import chat_prompt
 from dashboard.api.prompts import _render, raw_prompt
 from dashboard.api.runs import api_request
+from dashboard.chat import prompt as chat_prompt
 from inference.importing import register_file
 from inference.models import LLMModel
 from tests.inference.ggufs import tiny_gguf

@@ -23,7 +23,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.chat_refused import ChatRefused
+from dashboard.chat import ChatRefused
 from dashboard.limits import chat_answers
 from dashboard.models import Conversation, Message
 from dashboard.wire import FirstOutput

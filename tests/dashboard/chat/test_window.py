@@ -1,6 +1,6 @@
-"""Which turns of a long chat the model still reads (dashboard.chat_window), without a model."""
+"""Which turns of a long chat the model still reads (dashboard.chat.window), without a model."""
 
-from dashboard.chat_window import KEEP_AFTER_STEP, Sized, answer_room, choose, estimate
+from dashboard.chat.window import KEEP_AFTER_STEP, Sized, answer_room, choose, estimate
 
 
 def _chat(turns: int, chars: int = 600) -> list[Sized]:

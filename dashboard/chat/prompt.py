@@ -1,5 +1,5 @@
 """A chat turn's prompt and generation request: the system prompt, the turns that still fit
-the context (dashboard.chat_window), the new question, rendered with the model's chat template
+the context (dashboard.chat.window), the new question, rendered with the model's chat template
 on the API's own path (inference.prompting); and the request built from it the API's way too
 (inference.catalog.request_for), with the chat page's answer length and prefix-cache key.
 
@@ -9,8 +9,8 @@ refusal here (a chat template that fails) leaves nothing to undo.
 
 from dataclasses import dataclass
 
-from dashboard import chat_window
-from dashboard.chat_refused import ChatRefused
+from dashboard.chat import ChatRefused
+from dashboard.chat import window as chat_window
 from dashboard.models import Conversation, Message
 from inference.catalog import request_for, spec_for
 from inference.engine import GenerationRequest, InvalidParams
@@ -115,7 +115,7 @@ def answer_request(
 ) -> GenerationRequest:
     # A person's conversations reuse only their own KV (the prefix cache is partitioned), and
     # take the person's turn in fair-share admission, whichever of their chats asks. A person
-    # reads the answer: interactive (dashboard.running_answers lowers it while nobody watches).
+    # reads the answer: interactive (dashboard.chat.answers lowers it while nobody watches).
     person = f"user:{conversation.user_id}"
     try:
         return request_for(

@@ -3,11 +3,11 @@
 The steps (the consumer calls 1 and 2, and stops, attaches and detaches through Turn):
 1. prepare_send / prepare_edit / prepare_regenerate / prepare_continue (sync, in a thread):
    check the user and the conversation, build the message list (system prompt first, then the
-   turns that fit the context: dashboard.chat_window) and render it with the model's chat
+   turns that fit the context: dashboard.chat.window) and render it with the model's chat
    template, and only then persist: the user message and an assistant message in state
    "streaming" (Continue writes on into the answer it continues). A refusal raises ChatRefused
    and changes nothing.
-2. start / run_turn (dashboard.running_answers; async, a task of its own): stream the
+2. start / run_turn (dashboard.chat.answers; async, a task of its own): stream the
    generation through the inference client, publishing phases, progress and tokens to whichever
    sockets are attached, saving the partial answer every few seconds, and at the end saving the
    content, state, figures and a RequestRecord, before the final frame goes out.
@@ -28,10 +28,10 @@ from django.contrib.sessions.backends.base import SessionBase
 from django.db import transaction
 
 from appliance.arrival import arrived_wall
-from dashboard import chat_prompt
-from dashboard.chat_refused import ChatRefused
+from dashboard.chat import ChatRefused
+from dashboard.chat import prompt as chat_prompt
+from dashboard.chat.answers import Claim, Turn, is_active, register
 from dashboard.models import Conversation, Message, newest_leaf, versions
-from dashboard.running_answers import Claim, Turn, is_active, register
 from inference.catalog import UnknownModel, resolve, spec_for
 from inference.models import LLMModel
 

@@ -1,0 +1,18 @@
+"""The chat page's turns, from a browser's frame to a saved answer:
+
+- turns: preparing a turn (send, edit, regenerate, Continue), versions, renames;
+- prompt: what a turn's prompt holds (on the API's own prompt path, inference.prompting);
+- window: which turns of a long chat the model still reads;
+- answers: the answers that run on when their socket goes away, and saving them.
+
+ChatRefused, how every step of a turn says no to a frame, lives here, beside them all.
+"""
+
+
+class ChatRefused(Exception):
+    """A frame asked for something this user may not or cannot do; nothing was changed."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
