@@ -8,8 +8,13 @@ long filter call (sorting a 4-million-element list) or stop one call from alloca
   same sandboxed environment, one request at a time;
 - each process limits itself at start: address space (RLIMIT_AS), CPU time per render
   (RLIMIT_CPU, a backstop) and no core files;
+- while it waits, the parent reads the process's CPU time: a render still running after
+  IDLE_AFTER_CPU_SECONDS of CPU is moved to the lowest priority (SCHED_IDLE, nice 19), so that
+  it only gets CPU that nobody else wants, and one past CPU_SECONDS_PER_RENDER is killed (real
+  templates need a few milliseconds; see the constants for what was measured);
 - the parent waits at most MAX_RENDER_SECONDS (plus a little) for an answer and then kills the
-  process; a process that dies, is killed or grew large is replaced on the next render;
+  process; a process that dies, is killed, grew large or was moved to the lowest priority is
+  replaced on the next render;
 - a render that breaks a limit fails that request with a ChatTemplateError;
 - async code waits in a dedicated small thread pool (render_executor()), never the event
   loop's default one.
@@ -36,12 +41,30 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import psutil
+
 from inference.gguf.chat_template import MAX_RENDER_SECONDS, ChatTemplateError
 
 POOL_SIZE = 2
 MEMORY_LIMIT_BYTES = 512 * 1024 * 1024  # address space of one render process
 RETIRE_RSS_BYTES = 256 * 1024 * 1024  # a process that peaked above this is replaced
-CPU_SECONDS_PER_RENDER = int(MAX_RENDER_SECONDS) + 2  # backstop: the parent kills first
+# CPU time per render, request and reply included. Measured on the 2-core x86 dev box (compile +
+# render of one request in a fresh process): 50-turn conversations with 10 tools take 2-10 ms
+# with the starter model's and the tests' templates, and at most 55-80 ms with the heaviest of
+# 29 real ones (gpt-oss, functionary 3.2, Seed-OSS: mostly the compile, which a process does
+# once per template); 200 turns take up to 150 ms (Command R7B's template is quadratic in tool
+# calls). 1 s is over 10x the 50-turn worst and leaves 2x for the 200-turn one
+# on a slower core (a Raspberry Pi 5's).
+CPU_SECONDS_PER_RENDER = 1.0
+# A render still running after this much CPU moves to the lowest priority. Not from the start:
+# a model answering uses every core, and two busy threads on two cores leave a SCHED_IDLE
+# process 0.1 % of a core (nice 19: 0.7 %; measured), so a 5 ms render would take seconds and a
+# fresh process would not start in time. Above the cold render (compile included) of the
+# heaviest real template with room for a slower core, because a process that was moved there
+# is replaced after its render, and the next render in the new one compiles again.
+IDLE_AFTER_CPU_SECONDS = 0.25
+CPU_POLL_SECONDS = 0.02  # how often the parent reads a running render's CPU time
+CPU_BACKSTOP_SECONDS = int(MAX_RENDER_SECONDS) + 2  # RLIMIT_CPU, should the parent be gone
 KILL_GRACE_SECONDS = 0.5  # the sandbox's own deadline gets to speak first
 START_SECONDS = 30.0  # a fresh interpreter importing jinja2, on a busy machine
 ACQUIRE_SECONDS = 30.0  # waiting for a free render process
@@ -84,6 +107,15 @@ class RenderReply:
         return cls(text, error, retire)
 
 
+@dataclass(frozen=True, slots=True)
+class RenderLimits:
+    """What one render may take, enforced by the parent (the rest the process sets itself)."""
+
+    wall_seconds: float = MAX_RENDER_SECONDS + KILL_GRACE_SECONDS
+    cpu_seconds: float = CPU_SECONDS_PER_RENDER
+    idle_after_cpu_seconds: float = IDLE_AFTER_CPU_SECONDS
+
+
 class _WorkerFailed(Exception):
     """The render process broke a limit, died, or said something unreadable."""
 
@@ -116,14 +148,14 @@ def _apply_limits() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
-def _cpu_budget() -> None:
-    """Let this render use CPU_SECONDS_PER_RENDER more seconds of CPU, then SIGXCPU."""
+def _cpu_backstop() -> None:
+    """Let this render use CPU_BACKSTOP_SECONDS more seconds of CPU, then SIGXCPU."""
     import resource
 
     used = resource.getrusage(resource.RUSAGE_SELF)
     spent = int(used.ru_utime + used.ru_stime) + 1
     _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    soft = spent + CPU_SECONDS_PER_RENDER
+    soft = spent + CPU_BACKSTOP_SECONDS
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
@@ -154,7 +186,7 @@ def _worker_main() -> None:
         body = _read_exact(requests, _HEADER.unpack(header)[0])
         if body is None:
             return
-        _cpu_budget()
+        _cpu_backstop()
         try:
             request = RenderRequest(**json.loads(body))
             reply = RenderReply(text=render_chat(**asdict(request)))
@@ -176,6 +208,55 @@ def _worker_main() -> None:
             return
 
 
+def _lower_priority(pid: int) -> None:
+    """Let process `pid` run only on CPU time that nobody else wants, for the rest of its life
+    (an unprivileged process cannot raise it again). SCHED_IDLE where the kernel has it: a
+    waking normal task preempts it at once; nice 19 everywhere (the one that macOS has). The
+    render process has one thread, whose id is the process id, the one these calls change."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+        if hasattr(os, "sched_setscheduler"):
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    except OSError:  # it has just ended (the read sees that), or a policy refuses SCHED_IDLE
+        pass
+
+
+class _CpuWatch:
+    """A running render's CPU time, read by the parent between waits for the reply.
+
+    The parent rather than the render process enforces the CPU cap: RLIMIT_CPU counts whole
+    seconds of the process's life (a soft limit of used + 1 s allows anywhere from 1 to 2 s), a
+    timer in the child (setitimer) could not also lower its priority partway (it cannot change
+    its own while stuck in one long C call, and the parent must do that anyway), and reading
+    /proc/<pid>/stat every CPU_POLL_SECONDS costs nothing next to a render that runs that long.
+    The reading is in clock ticks (10 ms), so the cap holds to about 30 ms.
+    """
+
+    def __init__(self, worker: _Worker, limits: RenderLimits) -> None:
+        self.worker = worker
+        self.limits = limits
+        self.process = psutil.Process(worker.proc.pid)
+        self.start = self._cpu()  # the process is idle, waiting for this request
+
+    def _cpu(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system
+
+    def check(self) -> None:
+        try:
+            used = self._cpu() - self.start
+        except psutil.Error:  # it has just ended: the read sees that
+            return
+        if used > self.limits.cpu_seconds:
+            raise _WorkerFailed(
+                f"the chat template used more than {self.limits.cpu_seconds:g} s of CPU time "
+                "(real chat templates need a few milliseconds), so it was stopped"
+            )
+        if used > self.limits.idle_after_cpu_seconds and not self.worker.lowered:
+            _lower_priority(self.worker.proc.pid)
+            self.worker.lowered = True
+
+
 class _Worker:
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -186,6 +267,7 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a terminal's Ctrl-C reaches the parent only
         )
+        self.lowered = False  # moved to the lowest priority: replace it after this render
         try:
             ready = self._read_reply(time.monotonic() + START_SECONDS)
         except _WorkerFailed as e:
@@ -211,44 +293,48 @@ class _Worker:
             except OSError:
                 pass
 
-    def call(self, request: RenderRequest, timeout: float) -> RenderReply:
-        deadline = time.monotonic() + timeout
+    def call(self, request: RenderRequest, limits: RenderLimits) -> RenderReply:
+        deadline = time.monotonic() + limits.wall_seconds
         try:
             frame = _encode(asdict(request))
         except (TypeError, ValueError) as e:
             raise ChatTemplateError(f"the conversation is not plain JSON data: {e}") from None
         try:
+            watch = _CpuWatch(self, limits)
             self.proc.stdin.write(frame)  # type: ignore[union-attr]
             self.proc.stdin.flush()  # type: ignore[union-attr]
-        except OSError:
+        except (OSError, psutil.Error):
             raise _WorkerFailed(self._death()) from None
-        data = self._read_reply(deadline)
+        data = self._read_reply(deadline, watch)
         try:
             return RenderReply.from_json(data)
         except ValueError as e:
             raise _WorkerFailed(f"the render process answered nonsense: {e}") from None
 
-    def _read_reply(self, deadline: float) -> Any:
+    def _read_reply(self, deadline: float, watch: _CpuWatch | None = None) -> Any:
         fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        header = self._read(fd, _HEADER.size, deadline)
+        header = self._read(fd, _HEADER.size, deadline, watch)
         size = _HEADER.unpack(header)[0]
         if size > MAX_FRAME_BYTES:
             raise _WorkerFailed("the render process answered too much")
-        body = self._read(fd, size, deadline)
+        body = self._read(fd, size, deadline, watch)
         try:
             return json.loads(body)
         except ValueError:
             raise _WorkerFailed("the render process answered nonsense") from None
 
-    def _read(self, fd: int, n: int, deadline: float) -> bytes:
+    def _read(self, fd: int, n: int, deadline: float, watch: _CpuWatch | None) -> bytes:
         chunks: list[bytes] = []
         got = 0
         while got < n:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _WorkerFailed(f"the chat template ran longer than {MAX_RENDER_SECONDS} s")
-            readable, _, _ = select.select([fd], [], [], left)
+            wait = left if watch is None else min(left, CPU_POLL_SECONDS)
+            readable, _, _ = select.select([fd], [], [], wait)
             if not readable:
+                if watch is not None:
+                    watch.check()
                 continue
             chunk = os.read(fd, min(n - got, 1 << 20))
             if not chunk:
@@ -263,7 +349,7 @@ class _Worker:
         except subprocess.TimeoutExpired:
             return "the render process stopped answering"
         if code == -signal.SIGXCPU:
-            return f"the chat template used more than {CPU_SECONDS_PER_RENDER} s of CPU"
+            return f"the chat template used more than {CPU_BACKSTOP_SECONDS} s of CPU time"
         if code == -signal.SIGKILL:
             return "the chat template's render process was killed (out of memory?)"
         return f"the chat template's render process died (exit status {code})"
@@ -275,9 +361,9 @@ class _Worker:
 class RenderPool:
     """`size` render processes, each started on first use and replaced after a failure."""
 
-    def __init__(self, size: int = POOL_SIZE, *, timeout: float | None = None) -> None:
+    def __init__(self, size: int = POOL_SIZE, limits: RenderLimits | None = None) -> None:
         self.size = size
-        self.timeout = MAX_RENDER_SECONDS + KILL_GRACE_SECONDS if timeout is None else timeout
+        self.limits = RenderLimits() if limits is None else limits
         self._slots: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(size):
             self._slots.put(None)
@@ -298,12 +384,12 @@ class RenderPool:
             if worker is None:
                 worker = _Worker()
             try:
-                reply = worker.call(request, self.timeout)
+                reply = worker.call(request, self.limits)
             except _WorkerFailed as e:
                 worker.kill()
                 worker = None
                 raise ChatTemplateError(str(e)) from None
-            if reply.retire:
+            if reply.retire or worker.lowered:
                 worker.kill()
                 worker = None
         finally:
