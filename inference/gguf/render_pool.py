@@ -162,9 +162,20 @@ def _cpu_backstop() -> None:
 
 
 def _peak_rss_bytes() -> int:
+    """The most memory this process has held. On Linux VmHWM, which starts afresh at exec:
+    ru_maxrss keeps the parent's peak across fork and exec, so a web process over
+    RETIRE_RSS_BYTES would have its render processes replaced after every render."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:  # not Linux
+        pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # kB on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
 
 
 def _worker_main() -> None:

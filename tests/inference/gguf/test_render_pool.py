@@ -17,6 +17,7 @@ from inference.gguf import render_pool as render_pool_module
 from inference.gguf.chat_template import MAX_RENDER_SECONDS
 from inference.gguf.render_pool import (
     CPU_SECONDS_PER_RENDER,
+    RETIRE_RSS_BYTES,
     RenderLimits,
     RenderPool,
     RenderRequest,
@@ -145,6 +146,20 @@ def test_real_templates_render_long_conversations_at_normal_priority(name: str) 
             assert os.sched_getscheduler(pid) == os.SCHED_OTHER
     finally:
         pool.close()
+
+
+def test_a_render_process_is_kept_while_the_web_process_is_large() -> None:
+    # The child's ru_maxrss starts at the parent's peak (fork and exec keep it): that must not
+    # count as the render process having grown large.
+    ballast = b"x" * (RETIRE_RSS_BYTES + 64 * 1024 * 1024)
+    pool = RenderPool(1)
+    try:
+        (pid,) = started_by(lambda: render(pool, None))
+        assert render(pool, None) == render_chat(None, CONVERSATION)
+        assert pid in render_processes()
+    finally:
+        pool.close()
+        del ballast
 
 
 def test_the_starter_models_template_renders_a_long_conversation_with_tools(
