@@ -221,15 +221,27 @@ def _worker_main() -> None:
 
 def _lower_priority(pid: int) -> None:
     """Let process `pid` run only on CPU time that nobody else wants, for the rest of its life
-    (an unprivileged process cannot raise it again). SCHED_IDLE where the kernel has it: a
-    waking normal task preempts it at once; nice 19 everywhere (the one that macOS has). The
-    render process has one thread, whose id is the process id, the one these calls change."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, 19)
-        if hasattr(os, "sched_setscheduler"):
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
-    except OSError:  # it has just ended (the read sees that), or a policy refuses SCHED_IDLE
-        pass
+    (an unprivileged process cannot raise it again). Each step where the system has it:
+
+    1. nice 19 (all that macOS has);
+    2. SCHED_IDLE: a waking normal task preempts it at once;
+    3. its autogroup's nice 19. Where processes sit in the root cgroup (a server started from
+       a shell, many VMs), Linux schedules each session as one group, and nice and SCHED_IDLE
+       only rank tasks within it; the render process is alone in its session, so without this
+       it still gets a whole session's share (measured: four SCHED_IDLE busy loops in their own
+       sessions took a third of another process's CPU; with this, nothing).
+
+    The render process has one thread, whose id is the process id, the one these calls change.
+    A step that fails (the process has just ended: the read sees that) is skipped."""
+    steps = [lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)]
+    if hasattr(os, "sched_setscheduler"):
+        steps.append(lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))
+    steps.append(lambda: Path(f"/proc/{pid}/autogroup").write_text("19"))
+    for step in steps:
+        try:
+            step()
+        except OSError:
+            pass
 
 
 class _CpuWatch:

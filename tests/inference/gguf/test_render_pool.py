@@ -107,9 +107,12 @@ def started_by(action: Callable[[], object]) -> set[int]:
 
 
 def lowest_priority(pid: int) -> bool:
+    """nice 19, and where Linux has them SCHED_IDLE and an autogroup ("/autogroup-7 nice 19")."""
+    autogroup = Path(f"/proc/{pid}/autogroup")
     try:
         idle = not hasattr(os, "sched_getscheduler") or os.sched_getscheduler(pid) == os.SCHED_IDLE
-        return idle and os.getpriority(os.PRIO_PROCESS, pid) == 19
+        group = not autogroup.exists() or autogroup.read_text().split()[-1] == "19"
+        return idle and group and os.getpriority(os.PRIO_PROCESS, pid) == 19
     except OSError:  # it has ended
         return False
 
