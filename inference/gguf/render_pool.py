@@ -304,12 +304,12 @@ class _Worker:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        """Kill the process and reap it in the background: its exit runs at its own priority,
+        so one at the lowest can take seconds to end on a busy machine, and the request that
+        waits for its error need not wait for that."""
         if self.proc.poll() is None:
             self.proc.kill()
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+            threading.Thread(target=self.proc.wait, name="render-reaper", daemon=True).start()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()  # type: ignore[union-attr]

@@ -106,6 +106,20 @@ def started_by(action: Callable[[], object]) -> set[int]:
     return render_processes() - before
 
 
+def ends(pid: int) -> bool:
+    """Whether process `pid` ends within a minute (one at the lowest priority, killed, exits at
+    that priority: on a busy machine that takes a while)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def lowest_priority(pid: int) -> bool:
     """nice 19, and where Linux has them SCHED_IDLE and an autogroup ("/autogroup-7 nice 19")."""
     autogroup = Path(f"/proc/{pid}/autogroup")
@@ -210,7 +224,7 @@ def test_a_render_that_runs_long_is_moved_to_the_lowest_priority() -> None:
         thread.join(timeout=30)
         assert lowered
         assert len(outcome) == 1 and isinstance(outcome[0], ChatTemplateError)
-        assert pid not in render_processes()  # killed: a fresh one serves the next render
+        assert ends(pid)  # killed: a fresh one serves the next render
         assert render(slow, None) == render_chat(None, CONVERSATION)
     finally:
         slow.close()
@@ -229,7 +243,7 @@ def test_a_process_moved_to_the_lowest_priority_is_replaced_after_its_render(
         (first,) = started_by(lambda: render(eager, None))
         assert render(eager, busy) == "done"  # it finishes: lowering a render does not fail it
         assert lowered == [first]
-        assert first not in render_processes()
+        assert ends(first)
         (second,) = started_by(lambda: render(eager, None))
         assert second != first
     finally:
