@@ -9,12 +9,13 @@ long filter call (sorting a 4-million-element list) or stop one call from alloca
 - each process limits itself at start: address space (RLIMIT_AS), CPU time per render
   (RLIMIT_CPU, a backstop) and no core files;
 - while it waits, the parent reads the process's CPU time: a render still running after
-  IDLE_AFTER_CPU_SECONDS of CPU is moved to the lowest priority (SCHED_IDLE, nice 19), so that
-  it only gets CPU that nobody else wants, and one past CPU_SECONDS_PER_RENDER is killed (real
-  templates need a few milliseconds; see the constants for what was measured);
+  IDLE_AFTER_CPU_SECONDS of CPU is moved to the lowest priority (nice 19, SCHED_IDLE, its
+  autogroup at nice 19), so that it only gets CPU that nobody else wants, and one past
+  CPU_SECONDS_PER_RENDER is killed (real templates need a few milliseconds; the constants say
+  what was measured);
 - the parent waits at most MAX_RENDER_SECONDS (plus a little) for an answer and then kills the
   process; a process that dies, is killed, grew large or was moved to the lowest priority is
-  replaced on the next render;
+  replaced on the next render (a killed one is reaped in the background);
 - a render that breaks a limit fails that request with a ChatTemplateError;
 - async code waits in a dedicated small thread pool (render_executor()), never the event
   loop's default one.
@@ -53,8 +54,8 @@ RETIRE_RSS_BYTES = 256 * 1024 * 1024  # a process that peaked above this is repl
 # with the starter model's and the tests' templates, and at most 55-80 ms with the heaviest of
 # 29 real ones (gpt-oss, functionary 3.2, Seed-OSS: mostly the compile, which a process does
 # once per template); 200 turns take up to 150 ms (Command R7B's template is quadratic in tool
-# calls). 1 s is over 10x the 50-turn worst and leaves 2x for the 200-turn one
-# on a slower core (a Raspberry Pi 5's).
+# calls). 1 s is over 10x the 50-turn worst and leaves 2x for the 200-turn one on a slower
+# core (a Raspberry Pi 5's).
 CPU_SECONDS_PER_RENDER = 1.0
 # A render still running after this much CPU moves to the lowest priority. Not from the start:
 # a model answering uses every core, and two busy threads on two cores leave a SCHED_IDLE
@@ -288,7 +289,7 @@ class _Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C reaches the parent only
+            start_new_session=True,  # Ctrl-C reaches the parent only; an autogroup of its own
         )
         self.lowered = False  # moved to the lowest priority: replace it after this render
         try:
