@@ -413,7 +413,7 @@ class Engine:
             self._counts = self.scheduler.counts()
             return
         ended = time.perf_counter()
-        self.budget.observe(plan.n_tokens, ended - started, plan.decodes)
+        self.budget.observe(plan.n_tokens, ended - started)
         self._update(plan.chunks, sampled, started, ended)
         self.last_active = ended
         self._counts = self.scheduler.counts()
