@@ -396,7 +396,7 @@ class Engine:
             self._counts = self.scheduler.counts()
         for request in plan.admitted:
             self._admitted(request)
-        self._report_queue()
+        self._report_queue(now)
         self.runner.trim(plan.kv_trims)
         if not plan.chunks:
             self._counts = self.scheduler.counts()
@@ -424,9 +424,10 @@ class Engine:
         self._deliver(request, PhaseEvent(request.id, "prefilling"))
         self._deliver(request, self._prefill_progress(request))
 
-    def _report_queue(self) -> None:
-        """Tell each request still waiting its place in the queue, when that place changed."""
-        for ahead, request in enumerate(self.scheduler.waiting):
+    def _report_queue(self, now: float) -> None:
+        """Tell each request still waiting its place in the admission order (fair share and
+        priority: a newcomer may go ahead of it), when that place changed."""
+        for ahead, request in enumerate(self.scheduler.queue(now)):
             if request.queue_ahead != ahead:
                 request.queue_ahead = ahead
                 self._deliver(request, QueueEvent(request.id, ahead))

@@ -1,5 +1,5 @@
-"""What a waiting person is told: queue positions, prefill progress per chunk, and the step
-telemetry the dashboard draws (the fake runner in place of llama.cpp)."""
+"""What a waiting person is told: queue positions (in fair-share order), prefill progress per
+chunk, and the step telemetry the dashboard draws (the fake runner in place of llama.cpp)."""
 
 import pytest
 
@@ -131,3 +131,19 @@ def test_the_step_columns_stay_bounded(make_engine, n_steps):
     steps = engine.snapshot()["steps"]
     assert len(steps["ago"]) == min(n_steps, 300)
     assert engine.snapshot()["streams"] == []  # nothing runs: no stream rows
+
+
+def test_a_person_arriving_behind_an_apps_backlog_is_told_it_is_next(make_engine):
+    engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.002))
+    running = engine.submit(ask("running", greedy(2000), share="apikey:3"))
+    assert wait_until(lambda: fake.chunks_of(running.id))
+    backlog = [engine.submit(ask(f"doc {i}", greedy(2), share="apikey:3")) for i in range(5)]
+    assert wait_until(lambda: engine.snapshot()["queue_depth"] == 5)
+    person = engine.submit(ask("hello", greedy(2), share="user:5"))
+    assert wait_until(lambda: engine.snapshot()["queue_depth"] == 6)
+    running.cancel()
+    person_events = list(person.events(timeout=TIMEOUT))
+    assert [e.ahead for e in of_type(person_events, QueueEvent)] == [0]
+    last_doc = list(backlog[-1].events(timeout=TIMEOUT))
+    # Told 4 ahead, then 5 when the person went before it, then counting down.
+    assert [e.ahead for e in of_type(last_doc, QueueEvent)][:2] == [4, 5]
