@@ -119,7 +119,7 @@ def run(conn: Connection) -> None:
     try:
         engine = Engine(
             load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
-            name=launch.name,
+            background_itl_target=launch.background_itl_target, name=launch.name,
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead

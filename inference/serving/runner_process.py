@@ -113,12 +113,14 @@ class RunnerProcess:
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         load_timeout: float = LOAD_TIMEOUT_S,
         log_level: str | None = None,
+        background_itl_target: float = 1.0,
     ):
         self.name = name
         self.config = config
         self.launch = m.Launch(
             name, config, runner_factory, itl_target, max_queue,
             log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+            background_itl_target,
         )  # fmt: skip
         self.load_timeout = load_timeout
         self.on_exit: Callable[[RunnerProcess, RunnerExit], None] | None = None

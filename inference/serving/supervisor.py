@@ -85,12 +85,14 @@ class RunnerSupervisor:
         *,
         itl_target: float = 0.1,
         max_queue: int = 64,
+        background_itl_target: float = 1.0,
         state_dir=None,
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         first_backoff_s: float = FIRST_BACKOFF_S,
         max_backoff_s: float = MAX_BACKOFF_S,
     ):
         self.itl_target = itl_target
+        self.background_itl_target = background_itl_target
         self.max_queue = max_queue
         self.runner_factory = runner_factory
         self.first_backoff_s = first_backoff_s
@@ -136,7 +138,7 @@ class RunnerSupervisor:
     def _launch(self, name: str, config) -> RunnerProcess:
         return RunnerProcess(
             name, config, itl_target=self.itl_target, max_queue=self.max_queue,
-            runner_factory=self.runner_factory,
+            runner_factory=self.runner_factory, background_itl_target=self.background_itl_target,
         ).start()  # fmt: skip
 
     def _begin(self, name: str) -> _Record:
