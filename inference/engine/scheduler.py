@@ -10,17 +10,19 @@ run in one llama_decode call, built in these steps (numbered again in `schedule(
    that has waited its loose background target always rides.
 2. The budget: the ITL target when an interactive stream decodes in the step, else the loose
    background target (budget.py: then a flood runs at the machine's best batch size).
-3. Prompts, interactive then background. For each priority in turn: prompt chunks of its
-   sequences already prefilling (the least served share first, so a person's short prompt is
-   not read after an app's long one; admission order within a share), then admissions of its
-   waiting requests
-   in fair-share order (admission.py), each with a first chunk, while the budget has room, a
-   sequence slot is free and the KV cache has room. The request whose turn it is waits for room
-   rather than being overtaken, and no background request is admitted while an interactive one
-   waits. While an interactive prompt is being read, background prompts wait (a person's TTFT
-   before a batch's throughput).
+3. Prompts, interactive then background. Within a priority, the sequences already prefilling
+   and the waiting requests take the budget's room in turn, the least served share first (a
+   waiting request's turn is its fair-share tag, admission.py; a prefilling sequence's is its
+   share's usage, and it goes first at equal standing): a prefilling sequence gets its next
+   chunk, a waiting request is admitted with its first chunk while a sequence slot is free and
+   the KV cache has room. So a person's short prompt is not read after an app's long one. The
+   request whose turn it is waits for room rather than being overtaken (no other request of
+   its priority is admitted in that step), and no background request is admitted while an
+   interactive one waits. While an interactive prompt is being read, background prompts wait
+   (a person's TTFT before a batch's throughput).
 4. The reserve: the last `reserve` free slots go only to an interactive request whose share has
    nothing running (a person's first request): a flood, of any priority, never holds them all.
+   A request the reserve keeps out is passed over, not waited for.
 
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
@@ -177,7 +179,7 @@ class Scheduler:
                 for i, r in enumerate(self.running)
                 if r.status == Status.PREFILLING and is_interactive(r) == interactive
             ]
-            if interactive or not any(is_interactive(r) for _, r in turns):
+            if interactive or not any(is_interactive(r) for r in self.waiting):
                 # (no background request is admitted while an interactive one waits)
                 claims += [(tag, 1, i, r) for i, (tag, r) in enumerate(turns)
                            if is_interactive(r) == interactive]  # fmt: skip
