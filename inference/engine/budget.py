@@ -6,12 +6,13 @@
    that suits the machine and still never freezes; with nobody decoding, or unchunked, a step
    takes the whole batch (n_batch).
 2. The cost of a step. Measured step times are kept by size, in buckets of powers of two, each
-   an exponentially forgetting mean of its own steps, and read as a curve through the buckets'
-   centroids: per-token cost falls with size and not linearly (on a 2-core CPU a step of a
-   16-token chunk cost ~1.6x per token what a 512-token batch did, and a 128-token chunk less
-   than a 64-token one), which a straight line through small and large steps gets wrong at both
-   ends. Where no bucket has data, and beyond the measured sizes, a linear fit
-   `overhead + per_token * tokens` (online least squares with forgetting) stands in.
+   the median of its own last few steps (one step stalled by another process moves nothing),
+   and read as a curve through the buckets' centroids: per-token cost falls with size and not
+   linearly (on a 2-core CPU a step of a 16-token chunk cost ~1.6x per token what a 512-token
+   batch did, and a 128-token chunk less than a 64-token one), which a straight line through
+   small and large steps gets wrong at both ends. Where no bucket has data, and beyond the
+   measured sizes, a linear fit `overhead + per_token * tokens` (online least squares with
+   forgetting) stands in.
 3. The budget is the largest step the curve predicts to fit the target (with a safety margin),
    so a mixed step carries as many prompt tokens as the target allows, never fewer than one
    token per decoding sequence plus `min_chunk`, never more than n_batch.
@@ -20,6 +21,8 @@
    a time (see `tokens()`).
 """
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -70,26 +73,30 @@ class StepCostModel:
 
 @dataclass(slots=True)
 class _Bucket:
-    weight: float = 0.0
-    tokens: float = 0.0  # forgetting means of the bucket's step sizes and times
-    seconds: float = 0.0
+    steps: deque  # its last (tokens, seconds)
     last_seen: int = 0  # the observation count when it was last measured
+
+    def centroid(self) -> tuple[float, float]:
+        """(mean size, the median seconds per token times that size)."""
+        tokens = sum(n for n, _ in self.steps) / len(self.steps)
+        return tokens, tokens * statistics.median(t / n for n, t in self.steps)
 
 
 @dataclass(slots=True)
 class StepTimes:
     """Measured step times by size: one bucket per power of two of the token count.
 
-    `curve()` is the buckets' centroids (mean tokens, mean seconds), smallest first; between two
-    centroids a step's time is read off the line joining them, beyond them the linear fit's
-    slope extends the curve. A bucket forgets per step of its own size (`forgetting`), so each
-    size follows the machine (and the growing attention cost of a deep prompt) within a few of
-    its steps; one not measured for `stale_after` steps of any size is set aside.
+    `curve()` is the buckets' centroids, smallest first; between two centroids a step's time is
+    read off the line joining them, beyond them the linear fit's slope extends the curve. A
+    bucket keeps the last `window` steps of its size, so each size follows the machine (and
+    the growing attention cost of a deep prompt) within a few of its steps while a single
+    outlier moves nothing; one not measured for `stale_after` steps of any size is set aside
+    (a size the budget avoids after a bad reading gets another chance).
     """
 
     linear: StepCostModel = field(default_factory=StepCostModel)
-    forgetting: float = 0.6
-    stale_after: int = 2000
+    window: int = 5
+    stale_after: int = 500
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _seen: int = 0
 
@@ -98,18 +105,16 @@ class StepTimes:
             return
         self.linear.observe(tokens, seconds)
         self._seen += 1
-        bucket = self._buckets.setdefault(tokens.bit_length() - 1, _Bucket())
-        f = self.forgetting
-        weight = bucket.weight * f + 1.0
-        bucket.tokens = (bucket.tokens * bucket.weight * f + tokens) / weight
-        bucket.seconds = (bucket.seconds * bucket.weight * f + seconds) / weight
-        bucket.weight = weight
+        index = tokens.bit_length() - 1
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = _Bucket(deque(maxlen=self.window))
+        bucket.steps.append((tokens, seconds))
         bucket.last_seen = self._seen
 
     def curve(self) -> list[tuple[float, float]]:
         fresh = self._seen - self.stale_after
-        return [(b.tokens, b.seconds) for _, b in sorted(self._buckets.items())
-                if b.last_seen > fresh]  # fmt: skip
+        return [b.centroid() for _, b in sorted(self._buckets.items()) if b.last_seen > fresh]
 
     def predict(self, tokens: int) -> float:
         """A step's seconds at this size: on the measured curve, else by the linear fit."""

@@ -237,3 +237,11 @@ def test_a_size_not_measured_for_long_is_set_aside():
     for _ in range(budget.times.stale_after):
         budget.observe(8, 0.030)
     assert [round(n) for n, _ in budget.times.curve()] == [8]  # only what is current
+
+
+def test_one_stalled_step_does_not_move_the_curve():
+    budget = measured(TokenBudget(0.1, 512), {32: 0.05, 64: 0.09}, rounds=4)
+    assert budget.tokens(4) == 56  # 32 + 32 * (0.08 - 0.05) / (0.09 - 0.05)
+    budget.observe(64, 1.0)  # another process took the CPU for a second
+    assert budget.times.predict(64) == pytest.approx(0.09)
+    assert budget.tokens(4) == 56
