@@ -51,15 +51,25 @@ It prints one line per measurement, each goal with "met" / "NOT met", and, last,
   ipc_decode_ratio     client-observed decode tok/s over 128 tokens, runner process ÷ in-process
                        (the runner process is started as the product starts it: RunnerProcess,
                        runner_main, the warm-up at load; the in-process engine as above)
+  flood_ttft_<policy>_s  a person's TTFT (median over a few short chats, one after another)
+                       while another app keeps 12 streams of ~800-token documents going (the
+                       product's 8 sequence slots), per policy: "fifo" (one anonymous share and
+                       no slot in reserve: admission before fair share), "default" (the app's key
+                       interactive), "background" (the app's key background); with
+                       flood_ttft_ratio_<policy> (during ÷ the same chats alone, same process),
+                       flood_itl_p99_<policy>_ms (the person's ITL p99) and
+                       flood_output_tps_<policy> (the flood's output tok/s meanwhile)
   itl_target_ms        the engine's ITL target (--itl-target-ms)
 
 Sections (--only): basic (prefill, decode, batch4), stall (the stall scenario, chunked and not,
-and the raw frontier), prefix, ipc, second. Sizes: FULL below; --quick uses QUICK.
+and the raw frontier), prefix, ipc, second, flood. Sizes: FULL below; --quick uses QUICK.
 
 Goals: a_itl_max_during_b_ms ≤ 110, prefill_ratio ≥ 0.95, decode_ratio ≥ 0.95, batch4_ratio ≥
 0.90, prefix_ttft_ratio ≤ 0.05, second_model_decode_ratio ≥ 0.90, ipc_ttft_overhead_ms ≤ 2,
-ipc_decode_ratio ≥ 0.97, frontier_ttft_ratio ≤ 1.05. --quick is a 1-3-minute smoke run (1 round,
-smaller sizes): its figures are not the benchmark's.
+ipc_decode_ratio ≥ 0.97, frontier_ttft_ratio ≤ 1.05, flood_ttft_default_s ≤ 2,
+flood_ttft_background_s ≤ 1, flood_itl_p99_default_ms and flood_itl_p99_background_ms ≤ 150
+(issue 18). --quick is a 1-3-minute smoke run (1 round, smaller sizes): its figures are not the
+benchmark's.
 """
 
 import argparse
@@ -88,21 +98,27 @@ FULL = dict(
     history_tokens=1000,
     ipc_ttft_requests=16, ipc_decode_steps=128, ipc_decode_requests=2,
     second_decode_steps=128, second_decode_requests=2, settle_s=1.0,
+    flood=12, flood_tokens=800, flood_out=128, persons=5, person_tokens=48, person_out=32,
+    flood_settle_s=20.0, gap_s=2.0,
 )  # fmt: skip
 QUICK = dict(
     FULL, prefill_tokens=256, prefill_requests=1, decode_steps=32, decode_requests=1,
     batch4_steps=32, batch4_requests=1, b_tokens=600, chunks=[16, 64, 256], history_tokens=400,
     ipc_ttft_requests=6, ipc_decode_steps=32, ipc_decode_requests=1,
     second_decode_steps=32, second_decode_requests=1, settle_s=0.5,
+    flood_tokens=300, flood_out=64, persons=3, flood_settle_s=6.0, gap_s=1.0,
 )  # fmt: skip
 GOALS = [  # (key, "<=" or ">=", goal)
     ("a_itl_max_during_b_ms", "<=", 110), ("prefill_ratio", ">=", 0.95),
     ("decode_ratio", ">=", 0.95), ("batch4_ratio", ">=", 0.90),
     ("prefix_ttft_ratio", "<=", 0.05), ("second_model_decode_ratio", ">=", 0.90),
     ("ipc_ttft_overhead_ms", "<=", 2), ("ipc_decode_ratio", ">=", 0.97),
-    ("frontier_ttft_ratio", "<=", 1.05),
+    ("frontier_ttft_ratio", "<=", 1.05), ("flood_ttft_default_s", "<=", 2),
+    ("flood_ttft_background_s", "<=", 1), ("flood_itl_p99_default_ms", "<=", 150),
+    ("flood_itl_p99_background_ms", "<=", 150),
 ]  # fmt: skip
-SECTIONS = ("basic", "stall", "prefix", "ipc", "second")
+SECTIONS = ("basic", "stall", "prefix", "ipc", "second", "flood")
+FLOOD_POLICIES = ("fifo", "default", "background")
 SIDE_TIMEOUT_S = 900
 CPUS = os.cpu_count() or 1
 QUIET_SHARE = 0.05  # of all CPUs: more than this used by other processes spoils a side
@@ -367,6 +383,32 @@ def bench_second(side, base: dict, sizes: dict, rounds: int, tokens: dict, resul
     results["second_model_decode_ratio"] = both / alone
 
 
+def bench_flood(side, base: dict, sizes: dict, rounds: int, results: dict) -> None:
+    keys = ("flood", "flood_tokens", "flood_out", "persons", "person_tokens", "person_out",
+            "gap_s")  # fmt: skip
+    args = dict(base, **{k: sizes[k] for k in keys}, settle_s=sizes["flood_settle_s"])
+    rows = {policy: [] for policy in FLOOD_POLICIES}
+    for r in range(rounds):
+        for policy in FLOOD_POLICIES:
+            rows[policy].append(row := side("engine_flood", dict(args, policy=policy,
+                                                                 salt=2000 + 100 * r)))  # fmt: skip
+            log(f"  round {r} {policy}: a person's TTFT {row['ttft_during_s']:.2f} s during the "
+                f"flood (max {row['ttft_during_max_s']:.2f}) vs {row['ttft_alone_s']:.2f} s "
+                f"alone, ITL p99 {row['itl_p99_during_s'] * 1000:.0f} ms; the flood "
+                f"{row['flood_output_tps']:.1f} output tok/s")  # fmt: skip
+    for policy in FLOOD_POLICIES:
+        during = median([row["ttft_during_s"] for row in rows[policy]])
+        ratio = median([row["ttft_during_s"] / row["ttft_alone_s"] for row in rows[policy]])
+        itl = median([row["itl_p99_during_s"] for row in rows[policy]]) * 1000
+        tps = median([row["flood_output_tps"] for row in rows[policy]])
+        log(f"flood ({policy}): a person's TTFT {during:.2f} s, {ratio:.1f}x alone; ITL p99 "
+            f"{itl:.0f} ms; the flood {tps:.1f} output tok/s")  # fmt: skip
+        results[f"flood_ttft_{policy}_s"] = during
+        results[f"flood_ttft_ratio_{policy}"] = ratio
+        results[f"flood_itl_p99_{policy}_ms"] = itl
+        results[f"flood_output_tps_{policy}"] = tps
+
+
 def token_specs(sizes: dict, rounds: int) -> dict:
     """Prompts for the sides that get token ids from the orchestrator (the IPC sides, so both
     send identical requests, and the second-model side, whose client has no tokenizer)."""
@@ -431,6 +473,7 @@ def main() -> None:
         "prefix": lambda: bench_prefix(side, base, sizes, rounds, results),
         "ipc": lambda: bench_ipc(side, base, sizes, rounds, tokens, results),
         "second": lambda: bench_second(side, base, sizes, rounds, tokens, results),
+        "flood": lambda: bench_flood(side, base, sizes, rounds, results),
     }
     for name in SECTIONS:
         if name not in only or (name in ("ipc", "second") and tokens is None):

@@ -170,3 +170,56 @@ def side_ipc_engine(args: dict) -> dict:
     finally:
         engine.shutdown()
 
+
+
+def side_engine_flood(args: dict) -> dict:
+    """A person's TTFT alone, then during another app's flood of `flood` streams (each one that
+    ends replaced at once, as an app working through a folder keeps them going): the person's
+    requests one after another with a pause between, and the flood's output tok/s meanwhile.
+    `policy`: "fifo" (everyone one anonymous share, no slot in reserve: admission as it was
+    before fair share), "default" (the app's key interactive, the default) or "background"."""
+    fifo = args["policy"] == "fifo"
+    engine = start_engine(args, prefix_cache=False, **({"reserve": 0} if fifo else {}))
+    tok = engine.runner.tokenize
+    person = {} if fifo else {"share": "user:5"}
+    app = {} if fifo else {"share": "apikey:3"}
+    if args["policy"] == "background":
+        app["priority"] = "background"
+    produced: list[float] = []  # when each of the flood's tokens was sent
+    salts = iter(range(args["salt"] + 1000, args["salt"] + 1_000_000))
+    stop = threading.Event()
+
+    def flood_one() -> None:
+        recorder = Recorder(on_token=lambda n: produced.append(time.perf_counter()))
+
+        def sink(event) -> None:  # on the engine thread: the next document as one ends
+            recorder(event)
+            if recorder.finished.is_set() and not stop.is_set():
+                flood_one()
+
+        prompt = make_tokens(tok, args["flood_tokens"], next(salts))
+        engine.submit(ask(prompt, greedy(args["flood_out"]), **app), sink=sink)
+
+    def ask_person(salt: int) -> dict:
+        prompt = make_tokens(tok, args["person_tokens"], salt)
+        return run(engine, prompt, args["person_out"], **person).figures
+
+    try:
+        alone = [ask_person(args["salt"] + i)["ttft"] for i in range(args["persons"])]
+        for _ in range(args["flood"]):
+            flood_one()
+        time.sleep(args["settle_s"])  # the flood's first prompts read, its streams decoding
+        started = time.perf_counter()
+        during = []
+        for i in range(args["persons"]):
+            during.append(ask_person(args["salt"] + 500 + i))
+            time.sleep(args["gap_s"])
+        ended = time.perf_counter()
+        stop.set()
+    finally:
+        engine.shutdown()
+    return {"ttft_alone_s": statistics.median(alone),
+            "ttft_during_s": statistics.median([f["ttft"] for f in during]),
+            "ttft_during_max_s": max(f["ttft"] for f in during),
+            "itl_p99_during_s": max(f["itl"]["p99"] or 0.0 for f in during),
+            "flood_output_tps": sum(started <= t <= ended for t in produced) / (ended - started)}

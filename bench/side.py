@@ -21,6 +21,7 @@ SIDES = {
     "engine_basic": "bench.engine_side:side_engine_basic",
     "engine_stall": "bench.engine_side:side_engine_stall",
     "engine_prefix": "bench.engine_side:side_engine_prefix",
+    "engine_flood": "bench.engine_side:side_engine_flood",
     "ipc_engine": "bench.engine_side:side_ipc_engine",
     "ipc_runner": "bench.runner_side:side_ipc_runner",
     "second_model": "bench.runner_side:side_second_model",

@@ -1,12 +1,29 @@
-"""The per-step token budget, derived from an ITL target and the measured cost of a step.
+"""The per-step token budget: how long a step may take, given who reads it, and what fits.
 
-A step's wall time is modelled as `overhead + per_token * tokens` and fitted online by least
-squares with exponential forgetting, so the model follows the machine (and the growing attention
-cost of a long prompt) within a few steps. While anyone is decoding, a step may only take as long
-as the ITL target allows; with nobody decoding, prefill runs at full batch size.
+1. The target. A step that carries an interactive decoding stream (a person reads it) may take
+   `itl_target`; a step whose decoding streams are all background (an app, or an answer whose
+   page has gone) may take the loose `background_itl_target`, so a flood runs at the batch size
+   that suits the machine and still never freezes; with nobody decoding, or unchunked, a step
+   takes the whole batch (n_batch).
+2. The cost of a step. Measured step times are kept by size, in buckets of powers of two, each
+   the median of its own last few steps (one step stalled by another process moves nothing),
+   and read as a curve through the buckets' centroids: per-token cost falls with size and not
+   linearly (on a 2-core CPU a step of a 16-token chunk cost ~1.6x per token what a 512-token
+   batch did, and a 128-token chunk less than a 64-token one), which a straight line through
+   small and large steps gets wrong at both ends. Where no bucket has data, and beyond the
+   measured sizes, a linear fit `overhead + per_token * tokens` (online least squares with
+   forgetting) stands in.
+3. The budget is the largest step the curve predicts to fit the target (with a safety margin),
+   so a mixed step carries as many prompt tokens as the target allows, never fewer than one
+   token per decoding sequence plus `min_chunk`, never more than n_batch.
+4. The starvation guard: when even the decodes alone overrun the target (an overloaded box, a
+   model too big for it), the prompt shares the step instead of being read `min_chunk` tokens at
+   a time (see `tokens()`).
 """
 
-from dataclasses import dataclass
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
@@ -55,30 +72,127 @@ class StepCostModel:
 
 
 @dataclass(slots=True)
+class _Bucket:
+    steps: deque  # its last (tokens, seconds)
+    last_seen: int = 0  # the observation count when it was last measured
+
+    def centroid(self) -> tuple[float, float]:
+        """(mean size, the median seconds per token times that size)."""
+        tokens = sum(n for n, _ in self.steps) / len(self.steps)
+        return tokens, tokens * statistics.median(t / n for n, t in self.steps)
+
+
+@dataclass(slots=True)
+class StepTimes:
+    """Measured step times by size: one bucket per power of two of the token count.
+
+    `curve()` is the buckets' centroids, smallest first; between two centroids a step's time is
+    read off the line joining them, beyond them the linear fit's slope extends the curve. A
+    bucket keeps the last `window` steps of its size, so each size follows the machine (and
+    the growing attention cost of a deep prompt) within a few of its steps while a single
+    outlier moves nothing; one not measured for `stale_after` steps of any size is set aside
+    (a size the budget avoids after a bad reading gets another chance).
+    """
+
+    linear: StepCostModel = field(default_factory=StepCostModel)
+    window: int = 5
+    stale_after: int = 500
+    _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _seen: int = 0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        self.linear.observe(tokens, seconds)
+        self._seen += 1
+        index = tokens.bit_length() - 1
+        bucket = self._buckets.get(index)
+        if bucket is None:
+            bucket = self._buckets[index] = _Bucket(deque(maxlen=self.window))
+        bucket.steps.append((tokens, seconds))
+        bucket.last_seen = self._seen
+
+    def curve(self) -> list[tuple[float, float]]:
+        fresh = self._seen - self.stale_after
+        return [b.centroid() for _, b in sorted(self._buckets.items()) if b.last_seen > fresh]
+
+    def predict(self, tokens: int) -> float:
+        """A step's seconds at this size: on the measured curve, else by the linear fit."""
+        points = self.curve()
+        if not points:
+            return self.linear.predict(tokens)
+        slope = self.linear.per_token
+        n0, t0 = points[0]
+        if tokens <= n0:
+            return max(0.0, t0 - slope * (n0 - tokens))
+        for n1, t1 in points[1:]:
+            if tokens <= n1:
+                return t0 + (t1 - t0) * (tokens - n0) / (n1 - n0)
+            n0, t0 = n1, t1
+        return t0 + slope * (tokens - n0)
+
+    def largest_within(self, seconds: float, limit: int) -> int:
+        """The largest step (at most `limit` tokens) predicted to take at most `seconds`; 0 if
+        none does. The curve need not rise everywhere: a larger step that costs less than a
+        smaller one (another kernel, a better-filled batch) is found all the same."""
+        points = [(n, t) for n, t in self.curve() if n < limit]
+        slope = self.linear.per_token
+        if not points:
+            best = (seconds - self.linear.overhead) / slope
+            return max(0, min(limit, int(best)))
+        points.append((limit, self.predict(limit)))
+        n0, t0 = points[0]
+        best = max(0.0, n0 - (t0 - seconds) / slope) if t0 > seconds else n0
+        for n1, t1 in points[1:]:
+            if t1 <= seconds:
+                best = n1
+            elif t0 <= seconds:
+                best = max(best, n0 + (seconds - t0) * (n1 - n0) / (t1 - t0))
+            n0, t0 = n1, t1
+        return max(0, min(limit, int(best)))
+
+
 class TokenBudget:
-    itl_target: float  # seconds
-    max_batch: int  # the context's n_batch: the most tokens one llama_decode call takes
-    min_chunk: int = 1  # a prefill always advances by at least this much, so nothing starves
-    # The prompt's share of a step when the target cannot be met at all (see tokens()).
-    starved_chunk: int = 32
-    safety: float = 0.8  # headroom for noise and the work between steps
-    chunked: bool = True  # False: whole prompts in one step (the baseline it is measured against)
-    cost: StepCostModel | None = None
-    # What mixed steps (decodes plus prompt chunks) measurably allow; None until one ran.
-    mixed: float | None = None
+    def __init__(
+        self,
+        itl_target: float,  # seconds: steps that carry an interactive decoding stream
+        max_batch: int,  # the context's n_batch: the most tokens one llama_decode call takes
+        *,
+        background_itl_target: float = 1.0,  # seconds: steps whose streams are all background
+        min_chunk: int = 1,  # a prefill always advances by at least this much: nothing starves
+        starved_chunk: int = 32,  # the prompt's share when no target can be met (tokens())
+        safety: float = 0.8,  # headroom for noise and the work between steps
+        chunked: bool = True,  # False: whole prompts in one step (the baseline)
+        cost: StepCostModel | None = None,  # the linear fit's priors, until steps are measured
+    ):
+        self.itl_target = itl_target
+        self.max_batch = max_batch
+        self.background_itl_target = background_itl_target
+        self.min_chunk = min_chunk
+        self.starved_chunk = starved_chunk
+        self.safety = safety
+        self.chunked = chunked
+        self.times = StepTimes(linear=cost or StepCostModel())
 
-    def __post_init__(self) -> None:
-        if self.cost is None:
-            self.cost = StepCostModel()
+    @property
+    def cost(self) -> StepCostModel:
+        """The linear fit (what the dashboard shows as the step cost)."""
+        return self.times.linear
 
-    def tokens(self, decoding: int) -> int:
-        """How many tokens the next step may carry, given how many sequences are decoding."""
+    @cost.setter
+    def cost(self, model: StepCostModel) -> None:
+        self.times.linear = model
+
+    def target(self, interactive: bool) -> float:
+        return self.itl_target if interactive else self.background_itl_target
+
+    def tokens(self, decoding: int, interactive: bool = True) -> int:
+        """How many tokens the next step may carry, given how many sequences are decoding and
+        whether any of them is interactive."""
         if decoding == 0 or not self.chunked:
             return self.max_batch
-        if self.mixed is not None:
-            allowed = self.mixed
-        else:
-            allowed = (self.itl_target * self.safety - self.cost.overhead) / self.cost.per_token
+        target = self.target(interactive) * self.safety
+        allowed = self.times.largest_within(target, self.max_batch)
         floor = decoding + self.min_chunk
         if allowed < decoding:
             # Even the decodes alone overrun the target (an overloaded box, or a model too big
@@ -90,18 +204,17 @@ class TokenBudget:
             # a starved_chunk is tried: on a CPU a few dozen prompt tokens cost about one
             # decode step, and the step it makes teaches the cost model the slope.
             if self.cost.fitted:
-                share = int(self.cost.predict(decoding) / self.cost.per_token)
+                share = int(self.times.predict(decoding) / self.cost.per_token)
             else:
                 share = self.starved_chunk
             allowed = decoding + max(self.min_chunk, share)
-        return min(self.max_batch, max(floor, int(allowed)))  # a step never exceeds n_batch
+        return min(self.max_batch, max(floor, allowed))  # a step never exceeds n_batch
 
-    def observe(self, tokens: int, seconds: float, decoding: int = 0) -> None:
-        """Record a step. Steps that carried decodes and prompt chunks together also correct
-        the budget directly: the linear model cannot follow a cost per token that rises as a
-        prompt gets deeper (attention) and that is higher in small batches than in large
-        ones, so the budget scales the last mixed step's size to the target, smoothed."""
-        self.cost.observe(tokens, seconds)
-        if decoding and tokens > decoding and seconds > 0:
-            fitting = tokens * self.itl_target * self.safety / seconds
-            self.mixed = fitting if self.mixed is None else 0.5 * (self.mixed + fitting)
+    def fits(self, tokens: int, interactive: bool = True) -> bool:
+        """Whether a step of this many tokens is predicted to meet its target."""
+        return self.times.predict(tokens) <= self.target(interactive) * self.safety
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """Record a step of `tokens` tokens (decodes and prompt chunks alike) that took
+        `seconds`: the linear fit and the step's size bucket both learn from it."""
+        self.times.observe(tokens, seconds)

@@ -1,14 +1,18 @@
 """The engine loop: one thread owns the runner; `step() = schedule → run → update`.
 
 Submission and cancellation arrive as messages on an inbox; events leave through each request's
-handle. A failure in one request fails that request, never the loop.
+handle. A failure in one request fails that request, never the loop. Who goes first is the
+scheduler's (scheduler.py: fair share across apps and people, interactive before background);
+how long a step may take is the budget's (budget.py: the ITL target while a person reads a
+stream, the loose background target otherwise).
 
 Interface (what the web app, the worker and the LAN API build on):
-    engine = Engine(runner, itl_target=0.1).start()
+    engine = Engine(runner, itl_target=0.1, background_itl_target=1.0).start()
     handle = engine.submit(GenerationRequest("prompt text" or (token ids), SamplingParams(...),
                                              cache_key="conv-1"))
     for event in handle.events(): ...        # or: async for event in handle.aevents()
     engine.cancel(handle.id)                 # thread-safe, at any point
+    engine.set_priority(handle.id, "background")  # nobody reads it now; thread-safe too
     engine.snapshot()                        # telemetry, readable from any thread
     engine.shutdown()
 """
@@ -26,6 +30,7 @@ from inference.engine.events import (
     DoneEvent,
     ErrorEvent,
     Event,
+    PausedEvent,
     PhaseEvent,
     PrefillEvent,
     QueueEvent,
@@ -37,13 +42,14 @@ from inference.engine.params import SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
-from inference.engine.scheduler import Chunk, QueueFull, Scheduler
+from inference.engine.scheduler import Chunk, QueueFull, Scheduler, StepPlan
 from inference.engine.telemetry import Telemetry
 from inference.engine.textstream import TextStream
 
 log = logging.getLogger(__name__)
 
 STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tokens this recent
+MAX_SHARE_ROWS = 32  # rows of the snapshot's "shares" table
 
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
@@ -87,16 +93,22 @@ class Engine:
         runner: Runner,
         *,
         itl_target: float = 0.1,
+        background_itl_target: float = 1.0,
         max_queue: int = 64,
         chunked_prefill: bool = True,
         prefix_cache: bool = True,
+        reserve: int | None = None,
         telemetry_window: float = 10.0,
         name: str = "",
     ):
+        """`itl_target`: how long a step that carries an interactive stream may take (seconds);
+        `background_itl_target`: the same for steps whose streams are all background; `reserve`:
+        sequence slots kept for a person's first request (None: one from four slots up)."""
         self.runner = runner
         self.name = name
         self.itl_target = itl_target
-        self.budget = TokenBudget(itl_target, runner.n_batch, chunked=chunked_prefill)
+        self.budget = TokenBudget(itl_target, runner.n_batch, chunked=chunked_prefill,
+                                  background_itl_target=background_itl_target)  # fmt: skip
         self.scheduler = Scheduler(
             n_ctx=runner.n_ctx,
             n_slots=runner.n_slots,
@@ -104,11 +116,13 @@ class Engine:
             budget=self.budget,
             max_queue=max_queue,
             prefix_cache=prefix_cache,
+            reserve=reserve,
         )
         self.telemetry = Telemetry(window_s=telemetry_window)
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
+        self._paused: set[str] = set()  # ids of the requests the last step left out by priority
         self._streams: dict[str, TextStream] = {}
         self._pending = 0  # submitted, not yet admitted: checked at submit for a fast "busy"
         self._live: set[str] = set()  # ids of requests not yet ended (guarded by _pending_lock)
@@ -248,6 +262,8 @@ class Engine:
             "name": self.name,
             "model": self.runner.info(),
             "itl_target": self.itl_target,
+            "background_itl_target": self.budget.background_itl_target,
+            "reserve": self.scheduler.reserve,
             "chunked_prefill": self.budget.chunked,
             "step_cost": {"overhead": self.budget.cost.overhead,
                           "per_token": self.budget.cost.per_token},  # fmt: skip
@@ -256,6 +272,7 @@ class Engine:
             "active_sequences": counts["prefilling"] + counts["decoding"],
             "prefilling": counts["prefilling"],
             "decoding": counts["decoding"],
+            "paused": counts["paused"],
             "slots": self.runner.n_slots,
             "kv_used": counts["kv_used"],
             "kv_reserved": counts["kv_reserved"],
@@ -265,6 +282,7 @@ class Engine:
             else 0.0,
             "streams": self._streams_now(now),
             **self.telemetry.snapshot(now),
+            "shares": self._shares_now(now),
         }
 
     def _streams_now(self, now: float) -> list[dict]:
@@ -282,6 +300,8 @@ class Engine:
             rows.append({
                 "id": request.id[:8],
                 "priority": request.priority,
+                "share": request.share,
+                "paused": request.paused,
                 "phase": "decoding" if n else "prefilling",
                 "prompt_tokens": request.prompt_len,
                 "cached_tokens": request.cached_tokens,
@@ -293,6 +313,32 @@ class Engine:
                 "age": now - request.accepted_at,
             })  # fmt: skip
         return rows
+
+    def _shares_now(self, now: float) -> list[dict]:
+        """Per (share, priority): what it has running, waiting and paused, and the tokens it was
+        served over the telemetry window; active rows first, then the most served, at most
+        MAX_SHARE_ROWS (the dashboard's table and /metrics stay bounded)."""
+        rows: dict[tuple, dict] = {}
+
+        def row(share, priority) -> dict:
+            return rows.setdefault((share, priority), {
+                "share": share, "priority": priority, "running": 0, "waiting": 0, "paused": 0,
+                "tokens_recent": 0,
+            })  # fmt: skip
+
+        for request in list(self.scheduler.running):
+            entry = row(request.share, request.priority)
+            entry["running"] += 1
+            entry["paused"] += request.paused
+        for request in list(self.scheduler.waiting):
+            row(request.share, request.priority)["waiting"] += 1
+        for (share, priority), tokens in self.telemetry.served(now).items():
+            row(share, priority)["tokens_recent"] += tokens
+        ordered = sorted(rows.values(), key=lambda r: (r["running"] + r["waiting"] > 0,
+                                                       r["tokens_recent"],
+                                                       r["running"] + r["waiting"]),
+                         reverse=True)  # fmt: skip
+        return ordered[:MAX_SHARE_ROWS]
 
     def info(self) -> dict:
         """The loaded model's facts (read once at load by the runner)."""
@@ -415,7 +461,8 @@ class Engine:
             self._counts = self.scheduler.counts()
         for request in plan.admitted:
             self._admitted(request)
-        self._report_queue()
+        self._report_queue(now)
+        self._report_paused(plan.paused)
         self.runner.trim(plan.kv_trims)
         if not plan.chunks:
             self._counts = self.scheduler.counts()
@@ -432,8 +479,8 @@ class Engine:
             self._counts = self.scheduler.counts()
             return
         ended = time.perf_counter()
-        self.budget.observe(plan.n_tokens, ended - started, plan.decodes)
-        self._update(plan.chunks, sampled, started, ended)
+        self.budget.observe(plan.n_tokens, ended - started)
+        self._update(plan, sampled, started, ended)
         self.last_active = ended
         self._counts = self.scheduler.counts()
 
@@ -443,23 +490,36 @@ class Engine:
         self._deliver(request, PhaseEvent(request.id, "prefilling"))
         self._deliver(request, self._prefill_progress(request))
 
-    def _report_queue(self) -> None:
-        """Tell each request still waiting its place in the queue, when that place changed."""
-        for ahead, request in enumerate(self.scheduler.waiting):
+    def _report_queue(self, now: float) -> None:
+        """Tell each request still waiting its place in the admission order (fair share and
+        priority: a newcomer may go ahead of it), when that place changed."""
+        for ahead, request in enumerate(self.scheduler.queue(now)):
             if request.queue_ahead != ahead:
                 request.queue_ahead = ahead
                 self._deliver(request, QueueEvent(request.id, ahead))
+
+    def _report_paused(self, paused: list[Request]) -> None:
+        """Tell a running request that its tokens stopped for interactive work, once per pause
+        (its next token or prefill progress says that it runs again)."""
+        ids = {request.id for request in paused}
+        for request in paused:
+            if request.id not in self._paused:
+                self._deliver(request, PausedEvent(request.id))
+        self._paused = ids
 
     @staticmethod
     def _prefill_progress(request: Request) -> PrefillEvent:
         done = min(request.num_computed, request.prompt_len)
         return PrefillEvent(request.id, done, request.prompt_len, request.cached_tokens)
 
-    def _update(self, chunks: list[Chunk], sampled: list[int], started: float, ended: float):
+    def _update(self, plan: StepPlan, sampled: list[int], started: float, ended: float):
         tokens = iter(sampled)
         prompt_tokens = output_tokens = decode_tokens = 0
-        for chunk in chunks:
+        served: dict[tuple[str | None, str], int] = {}
+        for chunk in plan.chunks:
             request = chunk.request
+            key = (request.share, request.priority)
+            served[key] = served.get(key, 0) + len(chunk.tokens)
             request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
@@ -471,8 +531,10 @@ class Engine:
                 output_tokens += 1
                 self._accept_token(request, next(tokens))
         self.telemetry.record_step(
-            ended, prompt_tokens, output_tokens, len(chunks), ended - started, decode_tokens
-        )
+            ended, prompt_tokens, output_tokens, len(plan.chunks), ended - started, decode_tokens,
+            background_decode=plan.background_decodes, interactive=plan.interactive,
+            paused=len(plan.paused), served=served,
+        )  # fmt: skip
 
     def _accept_token(self, request: Request, token: int) -> None:
         if request.status == Status.PREFILLING:
@@ -487,7 +549,7 @@ class Engine:
         sent = time.perf_counter()
         times = request.token_times
         if times:
-            self.telemetry.record_token_gap(sent - times[-1], at=sent)
+            self.telemetry.record_token_gap(sent - times[-1], at=sent, priority=request.priority)
         times.append(sent)
         if text:
             self._text_sent(request, sent)
@@ -557,5 +619,6 @@ class Engine:
         if request.first_text_at is None:
             request.first_text_at = at
             self.telemetry.record_first_token(
-                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0, at=at
+                request.ttft, request.queue_time or 0.0, request.prefill_time or 0.0, at=at,
+                priority=request.priority,
             )

@@ -3,7 +3,10 @@
 As dicts (event_to_dict), the progress events are a contract with the pages that show them:
     {"type": "progress", "request_id", "phase": "waiting", "ahead": N}
     {"type": "progress", "request_id", "phase": "prefilling", "done", "total", "cached"}
-Consumers ignore event types they do not know.
+    {"type": "progress", "request_id", "phase": "paused"}
+Consumers ignore event types they do not know. "paused" is sent once when a running background
+request's tokens stop because interactive work came first; its next token or prefill progress
+says that it runs again.
 
 The engine thread only ever calls `RequestHandle.deliver`; a consumer reads with `events()` from
 a thread or `aevents()` from an asyncio loop. Both end after the request's last event (done or
@@ -59,6 +62,15 @@ class PrefillEvent:
 
 
 @dataclass(slots=True, frozen=True)
+class PausedEvent:
+    """A running request set aside for interactive work: its KV stays, it resumes where it was."""
+
+    request_id: str
+    phase: Literal["paused"] = "paused"
+    type: Literal["progress"] = "progress"
+
+
+@dataclass(slots=True, frozen=True)
 class DoneEvent:
     request_id: str
     finish_reason: Literal["stop", "length", "cancelled"]
@@ -78,7 +90,7 @@ class ErrorEvent:
     code: RefusalKind = RefusalKind.FAILED
 
 
-Event = TokenEvent | PhaseEvent | QueueEvent | PrefillEvent | DoneEvent | ErrorEvent
+Event = TokenEvent | PhaseEvent | QueueEvent | PrefillEvent | PausedEvent | DoneEvent | ErrorEvent
 
 
 def event_to_dict(event: Event) -> dict:

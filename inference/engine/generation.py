@@ -41,8 +41,9 @@ class GenerationRequest:
     keep_alive: float | None = None  # seconds the model stays loaded after it; None: the model's
     arrived_wall: float = field(default_factory=time.time)  # when the request reached the app
     priority: Priority = "interactive"
-    # Whose turn it takes in fair-share admission: an app ("apikey:<id>", or one of its users
-    # when the app names them), a person ("user:<id>"). None: one share of its own.
+    # Whose turn it takes in fair-share admission (inference.engine.admission): an app
+    # ("apikey:<id>", or one of its users when the app names them), a person ("user:<id>").
+    # None: the anonymous share, one for every request that names none.
     share: str | None = None
 
     def __post_init__(self) -> None:

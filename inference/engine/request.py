@@ -53,6 +53,10 @@ class Request:
     finish_reason: str | None = None
     error: str | None = None
     queue_ahead: int | None = None  # the queue position last reported to the submitter
+    # Running but left out of the last step because interactive work came first (its KV stays;
+    # it resumes where it was), and the scheduler's time of the last step that gave it tokens.
+    paused: bool = False
+    scheduled_at: float | None = None
 
     admitted_at: float | None = None
     prefill_started_at: float | None = None

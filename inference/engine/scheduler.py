@@ -1,20 +1,43 @@
-"""Which tokens run in the next step: stall-free, phase-aware continuous batching.
+"""Which tokens run in the next step: stall-free, phase-aware continuous batching, with fair-share
+admission and two priorities (interactive: a person reads the stream; background: an app).
 
-The contract, once:
-- `schedule()` returns a `StepPlan`: KV trims to apply first, then chunks to run in one
-  llama_decode call. Every decoding sequence gets exactly one token in every plan; prompt chunks
-  of prefilling sequences fill what is left of the token budget, oldest first; then waiting
-  requests are admitted, oldest first, while a slot is free and the KV cache has room.
-- A chunk with `sample=True` wants logits for its last token: decodes, and the chunk that
-  completes a prompt. The engine appends the sampled token and calls `finish()` when a request
-  ends; the scheduler never touches the model.
-- KV room is reserved on admission for the whole prompt and every token the request may still
-  generate, so a running sequence never runs out of cache mid-stream and nothing is preempted.
+The contract, once. `schedule()` returns a `StepPlan`: KV trims to apply first, then chunks to
+run in one llama_decode call, built in these steps (numbered again in `schedule()`):
+
+1. Decodes. Every decoding sequence gets exactly one token, with one exception: when the step
+   carries an interactive decoding stream and all the decodes together would overrun the ITL
+   target, background decodes ride along only while they fit, the longest-waiting first; one
+   that has waited its loose background target always rides.
+2. The budget: the ITL target when an interactive stream decodes in the step, else the loose
+   background target (budget.py: then a flood runs at the machine's best batch size).
+3. Prompts, interactive then background. Within a priority, the sequences already prefilling
+   and the waiting requests take the budget's room in turn, the least served share first (a
+   waiting request's turn is its fair-share tag, admission.py; a prefilling sequence's is its
+   share's usage, and it goes first at equal standing): a prefilling sequence gets its next
+   chunk, a waiting request is admitted with its first chunk while a sequence slot is free and
+   the KV cache has room. So a person's short prompt is not read after an app's long one. The
+   request whose turn it is waits for room rather than being overtaken (no other request of
+   its priority is admitted in that step), and no background request is admitted while an
+   interactive one waits. While an interactive prompt is being read, background prompts wait
+   (a person's TTFT before a batch's throughput).
+4. The reserve: the last `reserve` free slots go only to an interactive request whose share has
+   nothing running (a person's first request): a flood, of any priority, never holds them all.
+   A request the reserve keeps out is passed over, not waited for.
+
+A running request that steps 1 and 3 leave out of a plan while interactive work runs is
+paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
+where it was. A chunk with `sample=True` wants logits for its last token: decodes, and the
+chunk that completes a prompt. The engine appends the sampled token and calls `finish()` when a
+request ends; the scheduler never touches the model. KV room is reserved on admission for the
+whole prompt and every token the request may still generate, so a running sequence never runs
+out of cache mid-stream and nothing is preempted. Each step's tokens are charged to their
+requests' shares, which is what fair-share admission weighs.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
+from inference.engine.admission import FairShare
 from inference.engine.budget import TokenBudget
 from inference.engine.prefix_cache import KvTrim, PrefixCache
 from inference.engine.refusals import RefusalKind, Refused
@@ -41,10 +64,18 @@ class StepPlan:
     kv_trims: list[KvTrim] = field(default_factory=list)
     admitted: list[Request] = field(default_factory=list)
     decodes: int = 0  # the first `decodes` chunks are one decode token each
+    background_decodes: int = 0  # of those, background streams'
+    interactive: bool = False  # an interactive stream decodes in it: the ITL target bound it
+    paused: list[Request] = field(default_factory=list)  # running, left out by priority
+    reads_interactive: bool = False  # it carries a chunk of an interactive prompt
 
     @property
     def n_tokens(self) -> int:
         return sum(len(c.tokens) for c in self.chunks)
+
+
+def is_interactive(request: Request) -> bool:
+    return request.priority == "interactive"
 
 
 class Scheduler:
@@ -57,13 +88,19 @@ class Scheduler:
         budget: TokenBudget,
         max_queue: int = 64,
         prefix_cache: bool = True,
+        reserve: int | None = None,
+        fair_share: FairShare | None = None,
     ):
         self.n_ctx = n_ctx
         self.ctx_per_seq = min(ctx_per_seq, n_ctx)
         self.budget = budget
         self.max_queue = max_queue
         self.cache = PrefixCache(n_slots, enabled=prefix_cache)
-        self.waiting: deque[Request] = deque()
+        # Slots kept for a person's first request (step 4): one from four slots up, so a small
+        # context keeps all its slots for work; never every slot.
+        self.reserve = min(1, n_slots // 4) if reserve is None else min(reserve, n_slots - 1)
+        self.fair = fair_share or FairShare()
+        self.waiting: deque[Request] = deque()  # in arrival order
         self.running: list[Request] = []  # in admission order
         self._reserved = 0  # KV cells promised to running requests
         self._pending_trims: list[KvTrim] = []
@@ -94,9 +131,14 @@ class Scheduler:
                 return request
         return None
 
+    def queue(self, now: float) -> list[Request]:
+        """The waiting requests in the order they would be admitted (admission.py)."""
+        return self.fair.order(list(self.waiting), self.running, now)
+
     def finish(self, request: Request, *, keep_kv: bool) -> None:
         """Take a request out of the running set. With keep_kv its KV stays for the next turn."""
         self.running.remove(request)
+        request.paused = False
         self._reserved -= self._reservation(request)
         kv_tokens = request.kv_tokens if keep_kv and request.num_computed else None
         trim = self.cache.release(request.seq_id, kv_tokens)
@@ -110,31 +152,94 @@ class Scheduler:
     # --- the step --------------------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
-        decoding = [r for r in self.running if r.status == Status.DECODING]
-        plan = StepPlan(kv_trims=self._pending_trims, decodes=len(decoding))
+        plan = StepPlan(kv_trims=self._pending_trims)
         self._pending_trims = []
-        budget = self.budget.tokens(len(decoding))
 
-        # 1. One token for every decoding sequence, always: nobody's stream stalls.
-        for request in decoding:
+        # 1. Decodes: one token for every decoding sequence, so nobody's stream stalls; beside
+        # an interactive stream, background decodes only as far as the ITL target allows.
+        decoding = [r for r in self.running if r.status == Status.DECODING]
+        plan.interactive = any(is_interactive(r) for r in decoding)
+        for request in self._decodes(decoding, plan.interactive, now):
             last = request.output_ids[-1]
             plan.chunks.append(Chunk(request, [last], request.num_computed, True))
-        room = budget - len(decoding)
+            plan.background_decodes += not is_interactive(request)
+        plan.decodes = len(plan.chunks)
 
-        # 2. Prompt chunks of sequences already prefilling, oldest first.
+        # 2. The budget, by who reads the streams in this step.
+        room = self.budget.tokens(plan.decodes, plan.interactive) - plan.decodes
+
+        # 3. Prompts, interactive then background: in each priority, sequences already
+        # prefilling and waiting requests take the room in turn, the least served share first.
+        turns = self.fair.turns(list(self.waiting), self.running, now)
+        for interactive in (True, False):
+            if not interactive and plan.reads_interactive:
+                break  # background prompts wait while a person's prompt is read
+            claims = [
+                (self.fair.usage(r.share, now), 0, i, r)
+                for i, r in enumerate(self.running)
+                if r.status == Status.PREFILLING and is_interactive(r) == interactive
+            ]
+            if interactive or not any(is_interactive(r) for r in self.waiting):
+                # (no background request is admitted while an interactive one waits)
+                claims += [(tag, 1, i, r) for i, (tag, r) in enumerate(turns)
+                           if is_interactive(r) == interactive]  # fmt: skip
+            room = self._take_turns(sorted(claims), plan, room, now)
+
+        # Charge each share what it was served; mark who priority left out.
+        served = {id(c.request) for c in plan.chunks}
+        for chunk in plan.chunks:
+            chunk.request.scheduled_at = now
+            self.fair.charge(chunk.request.share, len(chunk.tokens), now)
+        carries_interactive = any(is_interactive(c.request) for c in plan.chunks)
         for request in self.running:
-            if request.status == Status.PREFILLING and room > 0:
-                room -= self._add_prompt_chunk(plan, request, room, now)
-
-        # 3. Admit waiting requests in order while a slot and KV room exist.
-        while self.waiting and room > 0 and self.cache.has_free_slot():
-            request = self.waiting[0]
-            if not self._admit(request, plan, now):
-                break  # FIFO: the head waits for room rather than being overtaken
-            self.waiting.popleft()
-            plan.admitted.append(request)
-            room -= self._add_prompt_chunk(plan, request, room, now)
+            request.paused = carries_interactive and id(request) not in served and (
+                not is_interactive(request))  # fmt: skip
+            if request.paused:
+                plan.paused.append(request)
+        self.fair.forget(now)
         return plan
+
+    def _decodes(self, decoding: list[Request], interactive: bool, now: float) -> list[Request]:
+        """Step 1: every decoding sequence, unless background decodes would push a step that
+        carries an interactive stream past its target; then the interactive ones, and as many
+        background ones as fit, longest-waiting first, then the one with the fewest tokens (and
+        any past its loose target)."""
+        if not interactive or self.budget.fits(len(decoding) + self.budget.min_chunk):
+            return decoding
+        chosen = [r for r in decoding if is_interactive(r)]
+        background = sorted((r for r in decoding if not is_interactive(r)),
+                            key=lambda r: (r.scheduled_at or 0.0, len(r.output_ids)))  # fmt: skip
+        loose = self.budget.background_itl_target * self.budget.safety
+        for request in background:
+            overdue = now - (request.scheduled_at or now) >= loose
+            if overdue or self.budget.fits(len(chosen) + 1 + self.budget.min_chunk):
+                chosen.append(request)
+        return [r for r in decoding if r in chosen]  # in admission order
+
+    def _take_turns(self, claims: list[tuple], plan: StepPlan, room: int, now: float) -> int:
+        """Step 3 for one priority: each claim in turn gets prompt room, a waiting request
+        once admitted (step 4's reserve applies); returns the room left."""
+        busy = {r.share for r in self.running}
+        admitting = True
+        for _, waiting, _, request in claims:
+            if room <= 0:
+                break
+            if waiting:
+                if not admitting or not self._may_take_a_slot(request, busy):
+                    continue  # 4. the reserve: look further on for a person's first request
+                if not self.cache.has_free_slot() or not self._admit(request, plan, now):
+                    admitting = False  # the request whose turn it is waits, not overtaken
+                    continue
+                self.waiting.remove(request)
+                plan.admitted.append(request)
+                busy.add(request.share)
+            room -= self._add_prompt_chunk(plan, request, room, now)
+        return room
+
+    def _may_take_a_slot(self, request: Request, busy: set[str | None]) -> bool:
+        """Step 4: the last `reserve` free slots are for a person's first request."""
+        free = len(self.cache.slots) - self.cache.busy_count
+        return free > self.reserve or (is_interactive(request) and request.share not in busy)
 
     def _add_prompt_chunk(self, plan: StepPlan, request: Request, room: int, now: float) -> int:
         # Unchunked, the budget is the whole batch, so a prompt still runs whole when it fits;
@@ -144,6 +249,7 @@ class Scheduler:
         tokens = request.prompt_ids[start : start + take]
         completes = start + take == request.prompt_len
         plan.chunks.append(Chunk(request, tokens, start, completes))
+        plan.reads_interactive |= is_interactive(request)
         if request.prefill_started_at is None:
             request.prefill_started_at = now
         return take
@@ -193,6 +299,7 @@ class Scheduler:
             "waiting": len(self.waiting),
             "prefilling": prefilling,
             "decoding": len(self.running) - prefilling,
+            "paused": sum(r.paused for r in self.running),
             "kv_used": self.kv_used(),
             "kv_reserved": self._reserved,
             "kv_size": self.n_ctx,

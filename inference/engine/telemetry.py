@@ -9,8 +9,15 @@ For the dashboard's "now" the snapshot also carries:
 - `windows`: throughput and TTFT/ITL percentiles over 30 s, 5 min and 1 h, each with a 30-point
   chart (inference.engine.windows);
 - `steps`: the last engine steps that ended within STEPS_HORIZON_S, as compact columns (what
-  each step carried: decode tokens, prompt tokens, its seconds, its sequences), so a long
-  prompt can be watched being spread over steps beside a stream's decodes.
+  each step carried: decode tokens, prompt tokens, its seconds, its sequences; of the decodes,
+  background streams' (`background_decode`); whether an interactive stream decoded in it, so the
+  ITL target bound it (`interactive`); how many running requests it left paused for
+  interactive work (`paused`)), so a long prompt can be watched being spread over steps beside
+  a stream's decodes, and background work told from a person's;
+- `by_priority`: TTFT and ITL distributions and histograms per priority (interactive,
+  background), two bounded label values for /metrics;
+- `served(now)`: the tokens (prompt chunks and decodes) each (share, priority) was served over
+  the window, for the engine's per-app table.
 """
 
 import bisect
@@ -18,6 +25,7 @@ import threading
 import time
 from collections import deque
 
+from inference.engine.generation import PRIORITIES
 from inference.engine.stats import distribution
 from inference.engine.windows import Windows
 
@@ -62,37 +70,77 @@ class Telemetry:
         self._ttft: deque[float] = deque(maxlen=latency_samples)
         self._itl: deque[float] = deque(maxlen=latency_samples * 10)
         self._hist = {name: _Histogram() for name in HISTOGRAMS}
+        self._by_priority = {
+            priority: {"ttft": deque(maxlen=latency_samples),
+                       "itl": deque(maxlen=latency_samples * 10),
+                       "histograms": {"ttft": _Histogram(), "itl": _Histogram()}}
+            for priority in PRIORITIES
+        }  # fmt: skip
         self._windows = Windows()
-        # (time, decode tokens, prompt tokens, step seconds, sequences in the batch)
-        self._recent_steps: deque[tuple[float, int, int, float, int]] = deque(maxlen=STEPS_KEPT)
+        # (time, decode tokens, prompt tokens, step seconds, sequences in the batch,
+        #  background decode tokens, an interactive stream decoded, requests paused)
+        self._recent_steps: deque[tuple] = deque(maxlen=STEPS_KEPT)
+        # (time, {(share, priority): tokens served in that step}), over the window
+        self._served: deque[tuple[float, dict]] = deque()
         self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
         self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
 
     def record_step(
-        self, now: float, prompt: int, output: int, seqs: int, seconds: float, decode: int = 0
+        self,
+        now: float,
+        prompt: int,
+        output: int,
+        seqs: int,
+        seconds: float,
+        decode: int = 0,
+        *,
+        background_decode: int = 0,
+        interactive: bool = False,
+        paused: int = 0,
+        served: dict | None = None,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
-        tokens ran, `output` tokens were sampled (decodes and prompts that completed)."""
+        tokens ran (`background_decode` of them background streams'), `output` tokens were
+        sampled (decodes and prompts that completed); `served`: tokens per (share, priority)."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
-            self._recent_steps.append((now, decode, prompt, seconds, seqs))
+            self._recent_steps.append(
+                (now, decode, prompt, seconds, seqs, background_decode, interactive, paused)
+            )
+            if served:
+                self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
             self.totals["prompt_tokens"] += prompt
             self.totals["output_tokens"] += output
             horizon = now - self.window_s
             while self._steps and self._steps[0][0] < horizon:
                 self._steps.popleft()
+            while self._served and self._served[0][0] < horizon:
+                self._served.popleft()
 
-    def record_token_gap(self, seconds: float, at: float | None = None) -> None:
+    def record_token_gap(
+        self, seconds: float, at: float | None = None, priority: str = "interactive"
+    ) -> None:
         with self._lock:
             self._itl.append(seconds)
             self._hist["itl"].observe(seconds)
             self._windows.record_itl(time.perf_counter() if at is None else at, seconds)
+            by = self._by_priority[priority]
+            by["itl"].append(seconds)
+            by["histograms"]["itl"].observe(seconds)
 
     def record_first_token(
-        self, ttft: float, queue_time: float, prefill_time: float, at: float | None = None
+        self,
+        ttft: float,
+        queue_time: float,
+        prefill_time: float,
+        at: float | None = None,
+        priority: str = "interactive",
     ) -> None:
         with self._lock:
+            by = self._by_priority[priority]
+            by["ttft"].append(ttft)
+            by["histograms"]["ttft"].observe(ttft)
             self._ttft.append(ttft)
             self._windows.record_ttft(time.perf_counter() if at is None else at, ttft)
             self._hist["ttft"].observe(ttft)
@@ -108,6 +156,16 @@ class Telemetry:
             if e2e is not None:
                 self._hist["e2e"].observe(e2e)
 
+    def served(self, now: float) -> dict[tuple[str | None, str], int]:
+        """Tokens served per (share, priority) over the window ending at `now`."""
+        with self._lock:
+            steps = [served for at, served in self._served if at >= now - self.window_s]
+        totals: dict[tuple[str | None, str], int] = {}
+        for served in steps:
+            for key, tokens in served.items():
+                totals[key] = totals.get(key, 0) + tokens
+        return totals
+
     def snapshot(self, now: float) -> dict:
         with self._lock:
             steps = [s for s in self._steps if s[0] >= now - self.window_s]
@@ -118,6 +176,13 @@ class Telemetry:
             outcomes = dict(self.outcomes)
             windows = self._windows.reading(now)
             recent = [s for s in self._recent_steps if s[0] >= now - STEPS_HORIZON_S]
+            by_priority = {
+                priority: {"ttft": distribution(list(by["ttft"])),
+                           "itl": distribution(list(by["itl"])),
+                           "histograms": {name: h.export()
+                                          for name, h in by["histograms"].items()}}
+                for priority, by in self._by_priority.items()
+            }  # fmt: skip
         busy = sum(s[4] for s in steps)
         current = [s for s in steps if s[0] >= now - NOW_S]
         return {
@@ -129,6 +194,7 @@ class Telemetry:
             "ttft": distribution(ttft),
             "itl": distribution(itl),
             "histograms": histograms,
+            "by_priority": by_priority,
             "totals": totals,
             "outcomes": outcomes,
             "now": {
@@ -143,5 +209,8 @@ class Telemetry:
                 "prompt": [s[2] for s in recent],
                 "ms": [round(s[3] * 1000.0, 2) for s in recent],
                 "seqs": [s[4] for s in recent],
+                "background_decode": [s[5] for s in recent],
+                "interactive": [s[6] for s in recent],
+                "paused": [s[7] for s in recent],
             },
         }

@@ -32,7 +32,7 @@ class Launch:
     itl_target: float
     max_queue: int
     log_level: str = "INFO"
-    background_itl_target: float = 1.0  # the looser target of steps that only feed apps
+    background_itl_target: float = 1.0  # the loose step target of background streams
 
 
 @dataclass(slots=True, frozen=True)

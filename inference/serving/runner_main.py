@@ -19,7 +19,6 @@ outlives the process that started it. It imports no Django.
 """
 
 import importlib
-import inspect
 import logging
 import os
 import sys
@@ -52,17 +51,6 @@ def load_runner(launch: m.Launch):
     module, _, attribute = launch.runner_factory.partition(":")
     factory = getattr(importlib.import_module(module), attribute)
     return factory(launch.config)
-
-
-def engine_options(launch: m.Launch) -> dict:
-    """The Launch's settings that not every Engine takes yet. BACKGROUND_ITL_TARGET_MS reaches
-    the Engine only where its signature has `background_itl_target` (the engine side's issue 18
-    work adds it): until both branches are merged, the runner starts either way. Once Engine
-    takes it for good, pass it in run() like itl_target and delete this."""
-    accepted = inspect.signature(Engine).parameters
-    if "background_itl_target" in accepted:
-        return {"background_itl_target": launch.background_itl_target}
-    return {}
 
 
 def warm_up(engine: Engine) -> None:
@@ -164,7 +152,7 @@ def run(conn: Connection) -> None:
     try:
         engine = Engine(
             load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
-            name=launch.name, **engine_options(launch),
+            background_itl_target=launch.background_itl_target, name=launch.name,
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead

@@ -124,37 +124,124 @@ def test_the_budget_shrinks_when_steps_get_slower_and_grows_when_they_get_faster
     assert slower < baseline < faster
 
 
-def test_the_budget_observes_through_to_its_cost_model():
+def test_the_budget_observes_through_to_its_linear_fit():
     budget = TokenBudget(0.05, 512)
     for tokens in (1, 50, 1, 50, 1, 50):
         budget.observe(tokens, 0.002 + 0.0004 * tokens)
     assert budget.cost.per_token == pytest.approx(0.0004, rel=1e-6)
 
 
-def test_a_mixed_step_that_ran_over_the_target_shrinks_the_next_one_in_proportion():
+def test_a_step_that_ran_over_the_target_shrinks_the_next_one():
     budget = TokenBudget(0.1, 512, safety=1.0)
-    budget.observe(20, 0.2, decoding=1)  # twice the target for 20 tokens
-    assert budget.tokens(1) == 10
+    budget.observe(20, 0.2)  # twice the target for 20 tokens
+    # 0.0095 s a token beyond the 0.01 s overhead: 10.5 tokens fewer take 0.1 s less.
+    assert budget.tokens(1) == 9
 
 
-def test_mixed_steps_are_smoothed_and_decode_only_steps_leave_the_budget_alone():
+def test_a_size_follows_its_own_steps_within_a_few_of_them():
     budget = TokenBudget(0.1, 512, safety=1.0)
-    budget.observe(20, 0.1, decoding=1)  # exactly on target: 20 fit
-    budget.observe(20, 0.05, decoding=1)  # half the target: 40 would fit
-    assert budget.tokens(1) == 30
-    budget.observe(1, 0.5, decoding=1)  # a slow decode-only step is not a prefill measurement
-    assert budget.tokens(1) == 30
+    budget.observe(20, 0.2)
+    assert budget.tokens(1) == 9
+    for _ in range(6):
+        budget.observe(20, 0.1)  # the same size, now on target
+    assert budget.times.predict(20) == pytest.approx(0.1, rel=0.05)
+    assert budget.tokens(1) >= 19
+
+
+def test_a_decode_only_step_is_a_measurement_of_its_own_size_only():
+    budget = TokenBudget(0.1, 512, safety=1.0)
+    for _ in range(4):
+        budget.observe(40, 0.08)
+    budget.observe(1, 0.5)  # one slow decode-only step (a stall, another process)
+    assert budget.times.predict(40) == pytest.approx(0.08)
+    assert budget.tokens(1) >= 40
 
 
 def test_the_mixed_budget_never_drops_below_one_prompt_token_per_step():
     budget = TokenBudget(0.1, 512)
-    budget.observe(6, 0.1, decoding=4)
-    # 6 tokens took the whole 0.1 s: 4.8 fit the target with its safety margin, so only the
+    budget.observe(6, 0.1)
+    # 6 tokens took the whole 0.1 s: 4.7 fit the target with its safety margin, so only the
     # decodes' 4 would fit; one prompt token rides along all the same.
     assert budget.tokens(4) == 5
 
 
 def test_a_mixed_step_far_over_the_target_starts_sharing_the_step():
     budget = TokenBudget(0.1, 512)
-    budget.observe(5, 10.0, decoding=4)  # decodes alone overran the target a hundredfold
+    budget.observe(5, 10.0)  # decodes alone overran the target a hundredfold
     assert budget.tokens(4) == 4 + 32
+
+
+# --- steps sized by who reads them -------------------------------------------------------------
+
+
+def test_a_step_whose_streams_are_all_background_takes_the_whole_batch():
+    budget = TokenBudget(0.1, 512, cost=StepCostModel(overhead=0.005, per_token=0.001))
+    assert budget.tokens(3, interactive=True) == 75  # (0.08 - 0.005) / 0.001
+    assert budget.tokens(3, interactive=False) == 512  # 0.8 s would take 795: the batch is less
+
+
+def test_background_streams_have_a_loose_target_of_their_own():
+    # A slow machine: a full batch would take 2 s, more than a background stream may wait.
+    cost = StepCostModel(overhead=0.005, per_token=0.004)
+    budget = TokenBudget(0.1, 512, background_itl_target=0.5, cost=cost)
+    assert budget.tokens(3, interactive=False) == 98  # (0.4 - 0.005) / 0.004
+    assert budget.tokens(3, interactive=True) == 18
+    assert budget.fits(98, interactive=False) and not budget.fits(98, interactive=True)
+
+
+# --- the step-time curve -----------------------------------------------------------------------
+
+# Step times by size shaped like the 2-core CPU's (SmolLM2-135M): per-token cost falls with size,
+# and a 128-token step costs less than a 64-token one (llama.cpp's kernels change with the batch).
+CPU_STEPS = {8: 0.030, 16: 0.036, 32: 0.048, 64: 0.090, 128: 0.070, 256: 0.125, 512: 0.240}
+
+
+def measured(budget: TokenBudget, steps: dict[int, float], rounds: int = 3) -> TokenBudget:
+    for _ in range(rounds):
+        for tokens, seconds in steps.items():
+            budget.observe(tokens, seconds)
+    return budget
+
+
+def test_the_curve_chooses_the_larger_chunk_when_it_is_cheaper():
+    budget = measured(TokenBudget(0.1, 512), CPU_STEPS)
+    chosen = budget.tokens(4)
+    # 64 tokens overrun the 0.08 s the target allows, 128 do not: a line through the steps
+    # cannot say so, the measured curve can.
+    assert not budget.fits(64) and budget.fits(128)
+    assert 128 < chosen < 256
+    assert budget.fits(chosen)
+    linear = budget.cost
+    assert linear.predict(chosen) > 0.08  # the linear fit alone would not dare this size
+    assert (0.08 - linear.overhead) / linear.per_token < chosen
+
+
+def test_between_two_measured_sizes_the_curve_is_the_line_joining_them():
+    budget = measured(TokenBudget(0.1, 512), CPU_STEPS)
+    assert budget.times.predict(128) == pytest.approx(0.070)
+    assert budget.times.predict(192) == pytest.approx((0.070 + 0.125) / 2)
+    # 128 + 128 * (0.08 - 0.070) / (0.125 - 0.070): where the line crosses the target.
+    assert budget.tokens(4) == 151
+
+
+def test_beyond_the_measured_sizes_the_linear_fit_extends_the_curve():
+    budget = measured(TokenBudget(1.0, 2048), {16: 0.036, 64: 0.060})
+    slope = budget.cost.per_token
+    assert budget.times.predict(164) == pytest.approx(0.060 + 100 * slope)
+    assert budget.times.predict(6) == pytest.approx(0.036 - 10 * slope)
+
+
+def test_a_size_not_measured_for_long_is_set_aside():
+    budget = measured(TokenBudget(0.1, 512), {128: 0.070})
+    assert budget.times.predict(128) == pytest.approx(0.070)
+    for _ in range(budget.times.stale_after):
+        budget.observe(8, 0.030)
+    assert [round(n) for n, _ in budget.times.curve()] == [8]  # only what is current
+
+
+def test_one_stalled_step_does_not_move_the_curve():
+    budget = measured(TokenBudget(0.1, 512), {32: 0.05, 64: 0.09}, rounds=4)
+    assert budget.tokens(4) == 56  # 32 + 32 * (0.08 - 0.05) / (0.09 - 0.05)
+    budget.observe(64, 1.0)  # another process took the CPU for a second
+    assert budget.times.predict(64) == pytest.approx(0.09)
+    assert budget.tokens(4) == 56

@@ -475,3 +475,56 @@ def test_a_running_requests_priority_can_change_and_shows_in_its_stream_row():
         handle.cancel()
     finally:
         engine.shutdown()
+
+
+def test_the_snapshot_shows_each_share_and_priority_with_its_work_and_the_tokens_it_was_served(
+    make_engine,
+):
+    engine, fake = make_engine(FakeRunner(n_slots=4, overhead=0.002))  # one slot in reserve
+    app = [engine.submit(ask(f"document {i}", greedy(500), share="apikey:3",
+                             priority="background")) for i in range(5)]  # fmt: skip
+    assert wait_until(lambda: len(engine.snapshot()["streams"]) == 3)  # the reserve is held
+    person = engine.submit(ask("hello", greedy(500), share="user:5"))
+
+    def rows():
+        return {(r["share"], r["priority"]): r for r in engine.snapshot()["shares"]}
+
+    assert wait_until(lambda: rows().get(("user:5", "interactive"), {}).get("tokens_recent"))
+    assert wait_until(lambda: len(engine.snapshot()["streams"]) == 4
+                      and all(r["output_tokens"] >= 3 for r in engine.snapshot()["streams"]))
+    snap = engine.snapshot()
+    shares = {(r["share"], r["priority"]): r for r in snap["shares"]}
+    assert set(shares) == {("apikey:3", "background"), ("user:5", "interactive")}
+    assert {k: shares[("apikey:3", "background")][k] for k in ("running", "waiting")} == {
+        "running": 3, "waiting": 2}  # fmt: skip
+    assert shares[("user:5", "interactive")]["running"] == 1
+    assert all(row["tokens_recent"] > 0 and row["paused"] == 0 for row in shares.values())
+    assert {(r["share"], r["priority"], r["paused"]) for r in snap["streams"]} == {
+        ("apikey:3", "background", False), ("user:5", "interactive", False)}  # fmt: skip
+
+    by_priority = snap["by_priority"]
+    assert set(by_priority) == {"interactive", "background"}
+    for priority, first_tokens in (("interactive", 1), ("background", 3)):
+        figures = by_priority[priority]
+        assert figures["histograms"]["ttft"]["count"] == first_tokens
+        assert figures["ttft"]["p50"] > 0 and figures["itl"]["p50"] > 0
+        assert set(figures["histograms"]["itl"]) == set(snap["histograms"]["itl"])
+    steps = snap["steps"]
+    assert any(steps["interactive"]) and max(steps["background_decode"]) == 3
+    assert all(b <= d for b, d in zip(steps["background_decode"], steps["decode"], strict=True))
+    for handle in (*app, person):
+        handle.cancel()
+
+
+def test_the_share_table_keeps_the_32_largest_rows(make_engine):
+    engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.002))
+    running = engine.submit(ask("running", greedy(2000), share="apikey:1"))
+    assert wait_until(lambda: fake.chunks_of(running.id))
+    waiting = [engine.submit(ask(f"q{i}", greedy(2), share=f"user:{i}")) for i in range(40)]
+    assert wait_until(lambda: engine.snapshot()["queue_depth"] == 40)
+    shares = engine.snapshot()["shares"]
+    assert len(shares) == 32
+    assert shares[0]["share"] == "apikey:1" and shares[0]["running"] == 1  # served the most
+    assert all(row["waiting"] == 1 for row in shares[1:])
+    for handle in (running, *waiting):
+        handle.cancel()

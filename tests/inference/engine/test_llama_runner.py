@@ -146,6 +146,35 @@ def test_a_prefix_cache_hit_reports_cached_tokens_and_gives_the_same_output(engi
     assert miss.text == hit.text
 
 
+def test_a_background_answer_paused_for_a_persons_prompt_is_what_it_is_alone(engine):
+    document = CHAT.format(question="Summarise: " + "The river rises in the hills. " * 90)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    _, alone = generate_ids(engine, document, params, cache_partition="alone")
+    events: list = []
+    person_sent = threading.Event()
+
+    def sink(event) -> None:  # on the engine thread
+        events.append(event)
+        if event.type == "progress" and event.phase == "prefilling" and 0 < event.done:
+            person_sent.wait(10)  # the loop takes the person's request before its next step
+
+    engine.submit(ask(document, params, priority="background", share="apikey:3",
+                      cache_partition="apikey:3"), sink=sink)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not any(e.type == "progress" and getattr(e, "done", 0) for e in events):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    person = engine.submit(ask(CHAT.format(question="Name a colour."), params, share="user:5"))
+    person_sent.set()
+    assert person.result(timeout=120).type == "done"
+    while not events or events[-1].type not in ("done", "error"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert "paused" in [e.phase for e in events if e.type == "progress"]
+    assert events[-1].type == "done" and events[-1].figures["cached_tokens"] == 0
+    assert [e.token_id for e in events if e.type == "token" and e.token_id >= 0] == alone
+
+
 def test_cancelling_mid_prefill_frees_the_sequence(engine):
     long_prompt = CHAT.format(question="Summarise: " + "the cat sat on the mat. " * 120)
     handle = engine.submit(ask(long_prompt, SamplingParams(temperature=0.0, max_tokens=8)))

@@ -1,13 +1,21 @@
-"""What a waiting person is told: queue positions, prefill progress per chunk, and the step
-telemetry the dashboard draws (the fake runner in place of llama.cpp)."""
+"""What a waiting person is told: queue positions (in fair-share order), prefill progress per
+chunk, a pause, and the step telemetry the dashboard draws (the fake runner in place of
+llama.cpp)."""
 
 import pytest
 
-from inference.engine.events import PhaseEvent, PrefillEvent, QueueEvent, TokenEvent, event_to_dict
+from inference.engine.events import (
+    PausedEvent,
+    PhaseEvent,
+    PrefillEvent,
+    QueueEvent,
+    TokenEvent,
+    event_to_dict,
+)
 from inference.engine.params import SamplingParams
 from tests.inference.engine.fakes import ask
 
-from .fakes import FakeRunner, wait_until
+from .fakes import FakeRunner, alone_output, wait_until
 
 TIMEOUT = 10.0
 
@@ -103,10 +111,14 @@ def test_the_snapshot_shows_steps_that_carried_a_prompt_beside_a_decode(make_eng
     snap = engine.snapshot()
 
     steps = snap["steps"]
-    assert set(steps) == {"ago", "decode", "prompt", "ms", "seqs"}
+    assert set(steps) == {"ago", "decode", "prompt", "ms", "seqs",
+                          "background_decode", "interactive", "paused"}  # fmt: skip
     assert len({len(column) for column in steps.values()}) == 1
     mixed = [(d, p) for d, p in zip(steps["decode"], steps["prompt"], strict=True) if d and p]
     assert len(mixed) >= 7  # the 120-token prompt went in beside the stream's token
+    # An interactive stream: every step that decoded was bound by the ITL target.
+    assert steps["interactive"] == [d > 0 for d in steps["decode"]]
+    assert set(steps["background_decode"]) == set(steps["paused"]) == {0}
     assert all(p + d <= 16 for d, p in mixed)  # never more than the batch
     assert steps["ago"] == sorted(steps["ago"], reverse=True)  # oldest first
     assert all(ms > 0 for ms in steps["ms"])
@@ -131,3 +143,45 @@ def test_the_step_columns_stay_bounded(make_engine, n_steps):
     steps = engine.snapshot()["steps"]
     assert len(steps["ago"]) == min(n_steps, 300)
     assert engine.snapshot()["streams"] == []  # nothing runs: no stream rows
+
+
+def test_a_person_arriving_behind_an_apps_backlog_is_told_it_is_next(make_engine):
+    engine, fake = make_engine(FakeRunner(n_slots=1, overhead=0.002))
+    running = engine.submit(ask("running", greedy(2000), share="apikey:3"))
+    assert wait_until(lambda: fake.chunks_of(running.id))
+    backlog = [engine.submit(ask(f"doc {i}", greedy(2), share="apikey:3")) for i in range(5)]
+    assert wait_until(lambda: engine.snapshot()["queue_depth"] == 5)
+    person = engine.submit(ask("hello", greedy(2), share="user:5"))
+    assert wait_until(lambda: engine.snapshot()["queue_depth"] == 6)
+    running.cancel()
+    person_events = list(person.events(timeout=TIMEOUT))
+    assert [e.ahead for e in of_type(person_events, QueueEvent)] == [0]
+    last_doc = list(backlog[-1].events(timeout=TIMEOUT))
+    # Told 4 ahead, then 5 when the person went before it, then counting down.
+    assert [e.ahead for e in of_type(last_doc, QueueEvent)][:2] == [4, 5]
+
+
+def test_a_background_prompt_is_told_it_is_paused_while_a_persons_prompt_is_read(make_engine):
+    fake = FakeRunner(n_batch=16, ctx_per_seq=2048, n_ctx=4096, overhead=0.002)
+    engine, fake = make_engine(fake)
+    document = "b" * 1000  # 63 steps of 16 tokens
+    batch = engine.submit(ask(document, greedy(5), priority="background", share="apikey:3"))
+    assert wait_until(lambda: len(fake.chunks_of(batch.id)) >= 2)
+    person = engine.submit(ask("p" * 100, greedy(5), share="user:5"))
+    assert person.result(TIMEOUT).text == alone_output("p" * 100, 5)
+    events = list(batch.events(timeout=TIMEOUT))
+
+    paused = of_type(events, PausedEvent)
+    assert len(paused) == 1  # once, however many steps it waited
+    assert event_to_dict(paused[0]) == {"type": "progress", "request_id": batch.id,
+                                        "phase": "paused"}  # fmt: skip
+    # It was told before its prefill went on, and it resumed where it was.
+    after = events[events.index(paused[0]) + 1 :]
+    before = of_type(events[: events.index(paused[0])], PrefillEvent)
+    assert of_type(after, PrefillEvent)[0].done > before[-1].done
+    assert events[-1].text == alone_output(document, 5)
+    # No step read the person's prompt and the document's together.
+    lengths = {person.id: 100, batch.id: len(document)}
+    for step in fake.steps:
+        reading = {rid for rid, _, start, _, _ in step if start < lengths.get(rid, 0)}
+        assert reading != {person.id, batch.id}

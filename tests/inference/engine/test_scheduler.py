@@ -47,23 +47,33 @@ class Driver:
         max_queue: int = 64,
         prefix_cache: bool = True,
         min_chunk: int = 8,
+        reserve: int | None = 0,
+        background_itl_target: float = 1.0,
     ):
         self.fake = FakeRunner(
             n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, n_batch=max_batch
         )
         cost = StepCostModel(overhead=0.008, per_token=0.003)
-        self.budget = TokenBudget(0.1, max_batch, min_chunk=min_chunk, chunked=chunked, cost=cost)
+        self.budget = TokenBudget(0.1, max_batch, min_chunk=min_chunk, chunked=chunked, cost=cost,
+                                  background_itl_target=background_itl_target)  # fmt: skip
         self.sched = Scheduler(
             n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, budget=self.budget,
-            max_queue=max_queue, prefix_cache=prefix_cache,
+            max_queue=max_queue, prefix_cache=prefix_cache, reserve=reserve,
         )  # fmt: skip
         self.now = 0.0
         self.plans: list[StepPlan] = []
         self.finished: list[Request] = []
 
-    def submit(self, rid: str, ids: list[int], max_tokens: int = 4, cache_key=None) -> Request:
+    def submit(self, rid: str, ids: list[int], max_tokens: int = 4, cache_key=None,
+               priority: str = "interactive", share: str | None = None) -> Request:  # fmt: skip
         request = Request(
-            rid, list(ids), SamplingParams(max_tokens=max_tokens), self.now, cache_key=cache_key
+            rid,
+            list(ids),
+            SamplingParams(max_tokens=max_tokens),
+            self.now,
+            cache_key=cache_key,
+            priority=priority,
+            share=share,
         )
         self.sched.add(request)
         return request
@@ -253,6 +263,156 @@ def test_a_long_prompt_and_many_short_ones_all_finish():
     assert prefill_steps[-1] < 60
 
 
+# --- fair share and priorities --------------------------------------------------------------
+
+
+def flood(d: Driver, n: int, *, tokens: int = 20, max_tokens: int = 6, priority="interactive",
+          share="apikey:3", tag: int = 100) -> list[Request]:  # fmt: skip
+    return [d.submit(f"app{i}", prompt(tokens, tag + i), max_tokens=max_tokens,
+                     priority=priority, share=share) for i in range(n)]  # fmt: skip
+
+
+def test_a_persons_first_request_is_admitted_next_while_another_share_has_30_waiting():
+    d = Driver(n_slots=2, n_ctx=2048)
+    backlog = flood(d, 32)
+    d.step()
+    assert d.sched.counts()["waiting"] == 30
+    person = d.submit("person", prompt(10, 1), share="user:5")
+    arrived = len(d.plans)
+    d.run()
+    first_admission = next(p for p in d.plans[arrived:] if p.admitted)
+    assert first_admission.admitted[0] is person
+    assert person.output_ids == reference_output(person.prompt_ids, 4)
+    assert all(r in d.finished for r in backlog)
+
+
+def test_a_reserved_slot_lets_a_persons_first_request_start_at_once_beside_a_flood():
+    d = Driver(n_slots=4, reserve=1)
+    backlog = flood(d, 12, max_tokens=30, priority="background")
+    for _ in range(3):
+        d.step()
+    assert d.sched.cache.busy_count == 3  # the flood never takes the last slot
+    person = d.submit("person", prompt(10, 1), share="user:5")
+    plan = d.step()
+    assert plan.admitted == [person]
+    d.run()
+    # Whatever ran beside it, every answer is what it would be alone.
+    for request in (person, *backlog):
+        assert request.output_ids == reference_output(request.prompt_ids, request.max_new_tokens)
+    assert d.fake.violations == []
+
+
+def test_an_interactive_flood_leaves_the_reserve_to_a_share_with_nothing_running():
+    d = Driver(n_slots=4, reserve=1)
+    flood(d, 8, max_tokens=30)  # the app's key is interactive (the default)
+    d.step()
+    assert d.sched.cache.busy_count == 3
+    person = d.submit("person", prompt(10, 1), share="user:5")
+    second = d.submit("person2", prompt(10, 2), share="user:5")  # the same person, again
+    assert d.step().admitted == [person]
+    assert second.status == Status.WAITING  # a share already running does not get the reserve
+
+
+def test_the_reserve_is_one_slot_from_four_slots_up_and_never_every_slot():
+    def reserve(n_slots, asked=None):
+        budget = TokenBudget(0.1, 64)
+        return Scheduler(n_ctx=1024, n_slots=n_slots, ctx_per_seq=128, budget=budget,
+                         reserve=asked).reserve  # fmt: skip
+
+    assert [reserve(n) for n in (1, 2, 3, 4, 8, 16)] == [0, 0, 0, 1, 1, 1]
+    assert reserve(4, asked=9) == 3
+
+
+def test_interactive_requests_are_admitted_before_any_waiting_background_request():
+    d = Driver(n_slots=1)
+    d.submit("running", prompt(5, 1), max_tokens=3, priority="background", share="app")
+    d.step()
+    background = [d.submit(f"b{i}", prompt(5, 2 + i), priority="background", share="app")
+                  for i in range(2)]  # fmt: skip
+    person = d.submit("person", prompt(5, 9), share="app")  # even from the same share
+    d.run()
+    assert person.admitted_at < min(b.admitted_at for b in background)
+    assert background[0].admitted_at < background[1].admitted_at
+
+
+def test_a_background_prompt_pauses_while_a_persons_prompt_is_read_and_resumes_where_it_was():
+    d = Driver()
+    batch = d.submit("batch", prompt(200, 1), max_tokens=5, priority="background", share="app")
+    d.step()
+    read = batch.num_computed
+    person = d.submit("person", prompt(100, 2), max_tokens=5, share="user:5")
+    while person.status == Status.WAITING or person.num_computed < person.prompt_len:
+        plan = d.step()
+        assert chunks_for(plan, batch) == [] and plan.paused == [batch]
+        assert batch.paused and batch.num_computed == read
+    plan = d.step()  # the person's stream decodes: the batch's prompt goes on beside it
+    (chunk,) = chunks_for(plan, batch)
+    assert chunk.start == read and not batch.paused
+    d.run()
+    assert batch.output_ids == reference_output(batch.prompt_ids, 5)
+    assert person.output_ids == reference_output(person.prompt_ids, 5)
+    assert d.fake.violations == []
+
+
+def test_background_decodes_ride_beside_a_persons_stream_only_as_far_as_its_target_allows():
+    # Decodes are dear here: 0.02 s + 0.01 s a token, so 6 tokens fill the 0.08 s a step may
+    # take beside a person's stream; a background stream waits at most 2.8 s (3 steps).
+    d = Driver(n_slots=8, n_ctx=2048, min_chunk=1, background_itl_target=3.5)
+    d.budget.cost = StepCostModel(overhead=0.02, per_token=0.01)
+    batch = flood(d, 7, tokens=5, max_tokens=40, priority="background")
+    for _ in range(2):
+        assert not d.step().paused  # background streams alone: every one decodes
+    person = d.submit("person", prompt(5, 1), max_tokens=20, share="user:5")
+    last_token = {r.id: len(d.plans) for r in batch}
+    paused_steps = 0
+    while person not in d.finished:
+        plan = d.step()
+        if person.status != Status.DECODING or person.num_computed <= person.prompt_len:
+            continue
+        assert chunks_for(plan, person)  # the person's stream never waits
+        assert plan.decodes <= 6 or any(
+            len(d.plans) - last_token[r.id] >= 3 for r in batch if chunks_for(plan, r)
+        )
+        for request in batch:
+            if chunks_for(plan, request):
+                assert len(d.plans) - last_token[request.id] <= 3  # never frozen
+                last_token[request.id] = len(d.plans)
+        paused_steps += bool(plan.paused)
+    assert paused_steps > 0
+    d.run()
+    for request in (person, *batch):
+        assert request.output_ids == reference_output(request.prompt_ids, request.max_new_tokens)
+    assert d.fake.violations == []
+
+
+def prompt_chunks_beside_a_stream(priority: str, cost=None, **driver) -> list[int]:
+    d = Driver(**driver)
+    if cost is not None:
+        d.budget.cost = cost
+    d.submit("stream", prompt(5, 1), max_tokens=60, priority=priority)
+    d.step()
+    long = d.submit("long", prompt(170, 2), max_tokens=2, priority=priority)
+    d.run()
+    return [len(c.tokens) for p in d.plans for c in chunks_for(p, long)][:-1]  # not the decode
+
+
+def test_steps_whose_streams_are_all_background_use_the_full_batch():
+    assert set(prompt_chunks_beside_a_stream("background")[:-1]) == {MAX_BATCH - 1}
+    # The same work with a person reading the stream: the ITL target binds every step.
+    assert set(prompt_chunks_beside_a_stream("interactive")[:-1]) == {DECODE_BUDGET - 1}
+
+
+def test_background_steps_keep_to_their_own_loose_target():
+    # 0.01 s + 0.01 s a token: a full batch would take 0.65 s, more than the 0.5 s a background
+    # stream may wait (0.4 s with the safety margin), in which 39 tokens fit.
+    slow = StepCostModel(overhead=0.01, per_token=0.01)
+    chunks = prompt_chunks_beside_a_stream("background", slow, background_itl_target=0.5)
+    assert set(chunks[:-1]) == {39 - 1}
+    # Beside a person's stream the ITL target holds the prompt to the floor: min_chunk 8.
+    chunks = prompt_chunks_beside_a_stream("interactive", slow, background_itl_target=0.5)
+    assert set(chunks[:-1]) == {8}
+
+
 # --- cancellation ----------------------------------------------------------------------------
 
 
@@ -428,6 +588,8 @@ workload = st.lists(
         st.integers(0, 40),  # arrival step
         st.one_of(st.none(), st.integers(0, 60)),  # cancel at step
         st.integers(0, 2),  # which of three shared prefixes the prompt starts with
+        st.sampled_from(["interactive", "background"]),
+        st.sampled_from([None, "apikey:1", "user:2"]),  # whose turn it takes
     ),
     min_size=1,
     max_size=12,
@@ -443,28 +605,31 @@ workload = st.lists(
     max_batch=st.integers(16, 96),
     n_ctx=st.integers(128, 600),
     chunked=st.booleans(),
+    reserve=st.integers(0, 2),
 )
 def test_any_workload_keeps_the_contract_and_every_answer_is_what_it_would_be_alone(
-    workload, n_slots, max_batch, n_ctx, chunked
+    workload, n_slots, max_batch, n_ctx, chunked, reserve
 ):
     ctx_per_seq = min(128, n_ctx)
     d = Driver(
         n_ctx=n_ctx, n_slots=n_slots, ctx_per_seq=ctx_per_seq, max_batch=max_batch,
-        chunked=chunked,
+        chunked=chunked, reserve=reserve,
     )  # fmt: skip
     arrivals: dict[int, list] = {}
-    for i, (length, max_tokens, at, cancel_at, family) in enumerate(workload):
+    for i, (length, max_tokens, at, cancel_at, family, priority, share) in enumerate(workload):
         length = min(length, ctx_per_seq - 1)
         # Prompts of one family share a prefix, so the prefix cache has something to reuse.
         ids = prompt(min(length, 10), family + 1)[:length] + prompt(length, 50 + i)[10:]
-        arrivals.setdefault(at, []).append((f"r{i}", ids, max_tokens, cancel_at))
+        arrivals.setdefault(at, []).append(
+            (f"r{i}", ids, max_tokens, cancel_at, dict(priority=priority, share=share))
+        )
     requests: dict[str, Request] = {}
     cancels: dict[int, list[str]] = {}
     step = 0
     while step <= 40 or d.sched.has_work:
         assert step < 5000
-        for rid, ids, max_tokens, cancel_at in arrivals.get(step, []):
-            requests[rid] = d.submit(rid, ids, max_tokens)
+        for rid, ids, max_tokens, cancel_at, who in arrivals.get(step, []):
+            requests[rid] = d.submit(rid, ids, max_tokens, **who)
             if cancel_at is not None:
                 cancels.setdefault(step + cancel_at, []).append(rid)
         for rid in cancels.get(step, []):
@@ -475,8 +640,13 @@ def test_any_workload_keeps_the_contract_and_every_answer_is_what_it_would_be_al
         plan = d.step()
         assert plan.n_tokens <= max_batch
         for request in decoding:
+            if request in plan.paused:  # only background streams, beside a person's
+                assert request.priority == "background" and plan.interactive
+                continue
             (chunk,) = chunks_for(plan, request)
             assert len(chunk.tokens) == 1 and chunk.sample
+        if plan.reads_interactive:  # a person's prompt is read: background prompts wait
+            assert all(c.request.priority == "interactive" for c in plan.chunks[plan.decodes :])
         for chunk in plan.chunks:
             request = chunk.request
             if request in decoding:

@@ -268,22 +268,3 @@ def test_the_background_itl_target_setting_is_part_of_every_runners_launch(tmp_p
     assert sup.background_itl_target == 2.5
     process = RunnerProcess("m", spec().config, background_itl_target=sup.background_itl_target)
     assert process.launch.background_itl_target == 2.5
-
-
-def test_the_runner_passes_the_background_itl_target_only_to_an_engine_that_takes_it(
-    monkeypatch,
-):
-    from inference.serving import messages, runner_main
-
-    launch = messages.Launch("m", None, "x:y", 0.1, 64, background_itl_target=2.5)
-
-    class Takes:
-        def __init__(self, runner, *, itl_target=0.1, background_itl_target=1.0): ...
-
-    class Older:
-        def __init__(self, runner, *, itl_target=0.1): ...
-
-    monkeypatch.setattr(runner_main, "Engine", Takes)
-    assert runner_main.engine_options(launch) == {"background_itl_target": 2.5}
-    monkeypatch.setattr(runner_main, "Engine", Older)
-    assert runner_main.engine_options(launch) == {}
