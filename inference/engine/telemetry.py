@@ -10,7 +10,7 @@ For the dashboard's "now" the snapshot also carries:
   chart (inference.engine.windows);
 - `steps`: the last engine steps that ended within STEPS_HORIZON_S, as compact columns (what
   each step carried: decode tokens, prompt tokens, its seconds, its sequences; of the decodes,
-  background streams' (`background_decode`); whether an interactive stream decoded in it, so the
+  background streams' (`background`); whether an interactive stream decoded in it, so the
   ITL target bound it (`interactive`); how many running requests it left paused for
   interactive work (`paused`)), so a long prompt can be watched being spread over steps beside
   a stream's decodes, and background work told from a person's;
@@ -209,7 +209,7 @@ class Telemetry:
                 "prompt": [s[2] for s in recent],
                 "ms": [round(s[3] * 1000.0, 2) for s in recent],
                 "seqs": [s[4] for s in recent],
-                "background_decode": [s[5] for s in recent],
+                "background": [s[5] for s in recent],  # decode tokens of background streams
                 "interactive": [s[6] for s in recent],
                 "paused": [s[7] for s in recent],
             },
