@@ -7,6 +7,13 @@ from dashboard.api.metrics import render
 from inference.engine.telemetry import Telemetry, _Histogram
 
 
+def older_engine(snapshot: dict) -> dict:
+    """The same worker snapshot as an engine from before priorities gives it: no by_priority."""
+    for engine in snapshot["models"].values():
+        engine.pop("by_priority", None)
+    return snapshot
+
+
 def snapshot_with_gpus() -> dict:
     telemetry = Telemetry()
     telemetry.record_step(1.0, prompt=20, output=1, seqs=1, seconds=0.05)
@@ -58,7 +65,7 @@ def test_engine_figures_become_counters_gauges_and_histograms():
     assert found[("appliance_requests_running", model)] == 2
     assert found[("appliance_requests_waiting", model)] == 3
     assert found[("appliance_kv_cache_usage_ratio", model)] == 0.25
-    ttft = (("model", "m"), ("priority", ""), ("worker", "box-1"))  # an engine without priorities
+    ttft = (("model", "m"), ("priority", "interactive"), ("worker", "box-1"))
     assert found[("appliance_time_to_first_token_seconds_count", ttft)] == 1
     assert found[("appliance_time_to_first_token_seconds_sum", ttft)] == 0.2
     assert found[("appliance_time_to_first_token_seconds_bucket", (("le", "0.2"), *ttft))] == 1
@@ -134,12 +141,12 @@ def test_ttft_and_itl_are_split_by_priority_in_their_own_families():
 
 
 def test_an_engine_without_priorities_exports_its_one_histogram_with_priority_empty():
-    found = parsed([snapshot_with_gpus()])
+    found = parsed([older_engine(snapshot_with_gpus())])
     model = (("model", "m"), ("priority", ""), ("worker", "box-1"))
     assert found[("appliance_time_to_first_token_seconds_count", model)] == 1
     assert found[("appliance_inter_token_latency_seconds_count", model)] == 1
     # A new engine and an old one side by side (two workers in split mode): both kinds of series.
-    old = snapshot_with_gpus()
+    old = older_engine(snapshot_with_gpus())
     old["worker"] = "old-box"
     both = parsed([snapshot_by_priority(), old])
     count = "appliance_time_to_first_token_seconds_count"
