@@ -34,7 +34,7 @@ from pathlib import Path
 from django.conf import settings
 from inference.models import LLMModel
 starter = LLMModel.objects.get(name={STARTER!r})
-LLMModel.objects.filter(name={NAME!r}).delete()  # another module's twin (the fixture is shared)
+LLMModel.all_objects.filter(name={NAME!r}).delete()  # another module's twin: a shared fixture
 link = Path(settings.MODELS_DIR) / "{NAME}.gguf"
 link.unlink(missing_ok=True)
 link.symlink_to(starter.file_path)
