@@ -127,24 +127,30 @@ def embed(payload: dict) -> None:
     reply = _reply_channel(payload, "embed")
     if reply is None:
         return
-    asyncio.run(_embed(runtime(), payload, reply))
+    asyncio.run(_answer_once(runtime(), payload, reply, job_type=EmbedJob, compute=serve_embed,
+                             field="embedding", refused=EmbedError))  # fmt: skip
 
 
-async def _embed(rt: WorkerRuntime, payload: dict, reply: str) -> None:
+async def _answer_once(
+    rt: WorkerRuntime, payload: dict, reply: str, *, job_type, compute, field: str, refused
+) -> None:
+    """A task answered by one message (embeddings, tokens): claimed like a generation, then
+    {"type": "done", "request_id", <field>: the result's to_dict()} or an error event;
+    `refused` is the exception type whose `event` is the error event of a refusal."""
     layer = get_channel_layer()
     raw = payload.get("job")
     rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
     try:
-        job = EmbedJob(**raw)
+        job = job_type(**raw)
         spec = ModelSpec.from_wire(payload["spec"])
     except (KeyError, TypeError, ValueError) as exc:
         await layer.send(reply, error_event(rid, RefusalKind.INVALID, f"malformed request: {exc}"))
         return
     await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
     try:
-        result = await serve_embed(rt.host, job, spec)
-        answer = {"type": "done", "request_id": rid, "embedding": result.to_dict()}
-    except EmbedError as exc:
+        result = await compute(rt.host, job, spec)
+        answer = {"type": "done", "request_id": rid, field: result.to_dict()}
+    except refused as exc:
         answer = exc.event
     except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
         log.exception("%s failed", rid)
@@ -166,29 +172,8 @@ def tokenize(payload: dict) -> None:
     reply = _reply_channel(payload, "tokenize")
     if reply is None:
         return
-    asyncio.run(_tokens(runtime(), payload, reply))
-
-
-async def _tokens(rt: WorkerRuntime, payload: dict, reply: str) -> None:
-    layer = get_channel_layer()
-    raw = payload.get("job")
-    rid = str(raw.get("request_id", "")) if isinstance(raw, dict) else ""
-    try:
-        job = TokenJob(**raw)
-        spec = ModelSpec.from_wire(payload["spec"])
-    except (KeyError, TypeError, ValueError) as exc:
-        await layer.send(reply, error_event(rid, RefusalKind.INVALID, f"malformed request: {exc}"))
-        return
-    await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
-    try:
-        result = await serve_tokens(rt.host, job, spec)
-        answer = {"type": "done", "request_id": rid, "tokens": result.to_dict()}
-    except TokenError as exc:
-        answer = exc.event
-    except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
-        log.exception("%s failed", rid)
-        answer = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
-    await layer.send(reply, answer)
+    asyncio.run(_answer_once(runtime(), payload, reply, job_type=TokenJob, compute=serve_tokens,
+                             field="tokens", refused=TokenError))  # fmt: skip
 
 
 def _reply_channel(payload: object, task: str) -> str | None:
