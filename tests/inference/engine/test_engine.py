@@ -510,8 +510,8 @@ def test_the_snapshot_shows_each_share_and_priority_with_its_work_and_the_tokens
         assert figures["ttft"]["p50"] > 0 and figures["itl"]["p50"] > 0
         assert set(figures["histograms"]["itl"]) == set(snap["histograms"]["itl"])
     steps = snap["steps"]
-    assert any(steps["interactive"]) and max(steps["background_decode"]) == 3
-    assert all(b <= d for b, d in zip(steps["background_decode"], steps["decode"], strict=True))
+    assert any(steps["interactive"]) and max(steps["background"]) == 3
+    assert all(b <= d for b, d in zip(steps["background"], steps["decode"], strict=True))
     for handle in (*app, person):
         handle.cancel()
 
