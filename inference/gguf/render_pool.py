@@ -12,7 +12,8 @@ long filter call (sorting a 4-million-element list) or stop one call from alloca
   IDLE_AFTER_CPU_SECONDS of CPU is moved to the lowest priority (nice 19, SCHED_IDLE, its
   autogroup at nice 19), so that it only gets CPU that nobody else wants, and one past
   CPU_SECONDS_PER_RENDER is killed (real templates need a few milliseconds; the constants say
-  what was measured);
+  what was measured); a render moved there hands its place in the pool to the next request
+  (SPARE_PROCESSES such renders at most), so that hostile ones hold the pool no longer either;
 - the parent waits at most MAX_RENDER_SECONDS (plus a little) for an answer and then kills the
   process; a process that dies, is killed, grew large or was moved to the lowest priority is
   replaced on the next render (a killed one is reaped in the background);
@@ -37,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +67,7 @@ CPU_SECONDS_PER_RENDER = 1.0
 # is replaced after its render, and the next render in the new one compiles again.
 IDLE_AFTER_CPU_SECONDS = 0.25
 CPU_POLL_SECONDS = 0.02  # how often the parent reads a running render's CPU time
+SPARE_PROCESSES = POOL_SIZE  # lowered renders that may run on beside a full pool (memory bound)
 CPU_BACKSTOP_SECONDS = int(MAX_RENDER_SECONDS) + 2  # RLIMIT_CPU, should the parent be gone
 KILL_GRACE_SECONDS = 0.5  # the sandbox's own deadline gets to speak first
 START_SECONDS = 30.0  # a fresh interpreter importing jinja2, on a busy machine
@@ -256,9 +259,12 @@ class _CpuWatch:
     The reading is in clock ticks (10 ms), so the cap holds to about 30 ms.
     """
 
-    def __init__(self, worker: _Worker, limits: RenderLimits) -> None:
+    def __init__(
+        self, worker: _Worker, limits: RenderLimits, on_lowered: Callable[[], None]
+    ) -> None:
         self.worker = worker
         self.limits = limits
+        self.on_lowered = on_lowered
         self.process = psutil.Process(worker.proc.pid)
         self.start = self._cpu()  # the process is idle, waiting for this request
 
@@ -279,6 +285,7 @@ class _CpuWatch:
         if used > self.limits.idle_after_cpu_seconds and not self.worker.lowered:
             _lower_priority(self.worker.proc.pid)
             self.worker.lowered = True
+            self.on_lowered()
 
 
 class _Worker:
@@ -317,14 +324,16 @@ class _Worker:
             except OSError:
                 pass
 
-    def call(self, request: RenderRequest, limits: RenderLimits) -> RenderReply:
+    def call(
+        self, request: RenderRequest, limits: RenderLimits, on_lowered: Callable[[], None]
+    ) -> RenderReply:
         deadline = time.monotonic() + limits.wall_seconds
         try:
             frame = _encode(asdict(request))
         except (TypeError, ValueError) as e:
             raise ChatTemplateError(f"the conversation is not plain JSON data: {e}") from None
         try:
-            watch = _CpuWatch(self, limits)
+            watch = _CpuWatch(self, limits, on_lowered)
             self.proc.stdin.write(frame)  # type: ignore[union-attr]
             self.proc.stdin.flush()  # type: ignore[union-attr]
         except (OSError, psutil.Error):
@@ -383,7 +392,8 @@ class _Worker:
 
 
 class RenderPool:
-    """`size` render processes, each started on first use and replaced after a failure."""
+    """`size` render processes, each started on first use and replaced after a failure, and
+    up to SPARE_PROCESSES lowered ones that gave their place to the next request."""
 
     def __init__(self, size: int = POOL_SIZE, limits: RenderLimits | None = None) -> None:
         self.size = size
@@ -391,6 +401,7 @@ class RenderPool:
         self._slots: queue.LifoQueue[_Worker | None] = queue.LifoQueue()
         for _ in range(size):
             self._slots.put(None)
+        self._spares = threading.Semaphore(SPARE_PROCESSES)
         self._closed = False
 
     def render(self, request: RenderRequest) -> str:
@@ -401,6 +412,14 @@ class RenderPool:
             worker = self._slots.get(timeout=ACQUIRE_SECONDS)
         except queue.Empty:
             raise RenderPoolError("every chat template renderer is busy") from None
+        handed_on = False  # this render, lowered, gave its place to the next request
+
+        def hand_on() -> None:
+            nonlocal handed_on
+            if not self._closed and self._spares.acquire(blocking=False):
+                self._slots.put(None)
+                handed_on = True
+
         try:
             if worker is not None and not worker.alive():
                 worker.kill()
@@ -408,7 +427,7 @@ class RenderPool:
             if worker is None:
                 worker = _Worker()
             try:
-                reply = worker.call(request, self.limits)
+                reply = worker.call(request, self.limits, hand_on)
             except _WorkerFailed as e:
                 worker.kill()
                 worker = None
@@ -417,10 +436,13 @@ class RenderPool:
                 worker.kill()
                 worker = None
         finally:
-            if self._closed and worker is not None:
+            if (self._closed or handed_on) and worker is not None:
                 worker.kill()
                 worker = None
-            self._slots.put(worker)
+            if handed_on:
+                self._spares.release()
+            else:
+                self._slots.put(worker)
         if reply.error is not None:
             raise ChatTemplateError(reply.error)
         return reply.text  # type: ignore[return-value]

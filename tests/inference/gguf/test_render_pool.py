@@ -230,6 +230,34 @@ def test_a_render_that_runs_long_is_moved_to_the_lowest_priority() -> None:
         slow.close()
 
 
+def test_a_lowered_render_gives_its_place_to_the_next_request() -> None:
+    # One place; the hostile render may run on for 5 s of CPU at the lowest priority (or 30 s,
+    # on a machine too busy to give it that).
+    pool = RenderPool(1, RenderLimits(wall_seconds=30, cpu_seconds=5))
+    try:
+        (pid,) = started_by(lambda: render(pool, None))
+        outcome: list[BaseException] = []
+
+        def hostile() -> None:
+            try:
+                render(pool, HOSTILE["one_slow_filter"])
+            except BaseException as e:  # noqa: BLE001 - recorded for the assert below
+                outcome.append(e)
+
+        thread = threading.Thread(target=hostile)
+        thread.start()
+        while thread.is_alive() and not lowest_priority(pid):
+            time.sleep(0.01)
+        # A fresh process serves this one while the lowered render still runs.
+        assert render(pool, None) == render_chat(None, CONVERSATION)
+        assert thread.is_alive()
+        thread.join(timeout=60)
+        assert len(outcome) == 1 and isinstance(outcome[0], ChatTemplateError)
+        assert ends(pid)
+    finally:
+        pool.close()
+
+
 def test_a_process_moved_to_the_lowest_priority_is_replaced_after_its_render(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
