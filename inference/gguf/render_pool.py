@@ -64,8 +64,10 @@ CPU_SECONDS_PER_RENDER = 1.0
 # process 0.1 % of a core (nice 19: 0.7 %; measured), so a 5 ms render would take seconds and a
 # fresh process would not start in time. Above the cold render (compile included) of the
 # heaviest real template with room for a slower core, because a process that was moved there
-# is replaced after its render, and the next render in the new one compiles again.
-IDLE_AFTER_CPU_SECONDS = 0.25
+# is replaced after its render, and the next render in the new one compiles again: 0.15 s is
+# 2.5x the heaviest real cold render measured (gpt-oss, 59 ms; bench/template_cpu.py), and it
+# kept another app's TTFT beside three hostile chats within 3x + 0.3 s (0.25 s did not: 4.7x).
+IDLE_AFTER_CPU_SECONDS = 0.15
 CPU_POLL_SECONDS = 0.02  # how often the parent reads a running render's CPU time
 SPARE_PROCESSES = POOL_SIZE  # lowered renders that may run on beside a full pool (memory bound)
 CPU_BACKSTOP_SECONDS = int(MAX_RENDER_SECONDS) + 2  # RLIMIT_CPU, should the parent be gone
