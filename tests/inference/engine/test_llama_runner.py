@@ -11,6 +11,7 @@ import pytest
 
 from inference.engine import Engine, PromptTooLong, SamplingParams
 from inference.engine.params import InvalidParams
+from inference.engine.prefix_cache import KvTrim
 from inference.starter import starter_model_path
 from tests.inference.engine.fakes import ask
 
@@ -269,3 +270,40 @@ def wait_until_idle(engine, timeout=10.0):
             return
         time.sleep(0.05)
     raise AssertionError("the engine did not become idle")
+
+
+def test_each_chunk_gets_its_own_token_whatever_order_the_plan_lists_the_sequences_in(
+    model_path, extra_bufts
+):
+    # The runner writes a batch in sequence-id order (llama.cpp runs consecutive ids in one
+    # pass) and must still hand each chunk its own sampled token, in the plan's order.
+    from inference.engine.request import Request
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+    from inference.engine.scheduler import Chunk
+
+    runner = LlamaRunner(RunnerConfig(model_path=model_path, ctx_per_seq=256, parallel=3,
+                                      cache_slots=0, n_threads=2, use_extra_bufts=extra_bufts))
+    requests = []
+    try:
+        questions = ["Name a fruit.", "What colour is the sky?", "Count to three."]
+        for seq_id, question in enumerate(questions):
+            ids = runner.tokenize(CHAT.format(question=question))
+            request = Request(f"r{seq_id}", ids, GREEDY, accepted_at=0.0)
+            request.seq_id = seq_id
+            runner.prepare(request)
+            requests.append(request)
+
+        def first_tokens(order: list[int]) -> dict[str, int]:
+            runner.trim([KvTrim(r.seq_id, 0) for r in requests])
+            chunks = [Chunk(requests[n], requests[n].prompt_ids, 0, True) for n in order]
+            sampled = runner.execute(chunks)
+            return {chunk.request.id: token for chunk, token in zip(chunks, sampled, strict=True)}
+
+        in_order = first_tokens([0, 1, 2])
+        assert first_tokens([2, 0, 1]) == in_order
+        assert len(set(in_order.values())) > 1  # different prompts, told apart
+    finally:
+        for request in requests:
+            runner.release(request)
+        runner.close()
