@@ -223,3 +223,27 @@ def side_engine_flood(args: dict) -> dict:
             "ttft_during_max_s": max(f["ttft"] for f in during),
             "itl_p99_during_s": max(f["itl"]["p99"] or 0.0 for f in during),
             "flood_output_tps": sum(started <= t <= ended for t in produced) / (ended - started)}
+
+
+def side_engine_flood_alone(args: dict) -> dict:
+    """The flood alone, as bench/raw.py's side_raw_flood runs it: the same documents submitted
+    at once by one app whose key is background (nobody reads them, so no ITL target binds), and
+    the engine's output and prompt tok/s over the whole flood."""
+    engine = start_engine(args, prefix_cache=False)
+    tok = engine.runner.tokenize
+    prompts = [make_tokens(tok, args["flood_tokens"], args["salt"] + i)
+               for i in range(args["flood"])]  # fmt: skip
+    recorders = [Recorder() for _ in prompts]
+    try:
+        started = time.perf_counter()
+        for prompt, recorder in zip(prompts, recorders, strict=True):
+            engine.submit(ask(prompt, greedy(args["flood_out"]), share="apikey:3",
+                              priority="background"), sink=recorder)  # fmt: skip
+        finals = [r.wait() for r in recorders]
+        elapsed = time.perf_counter() - started
+    finally:
+        engine.shutdown()
+    output = sum(f.figures["output_tokens"] for f in finals)
+    return {"output_tps": output / elapsed, "prompt_tps": sum(map(len, prompts)) / elapsed,
+            "seconds": elapsed, "output_tokens": output,
+            "ended_early": any(f.figures["output_tokens"] < args["flood_out"] for f in finals)}

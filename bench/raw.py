@@ -288,3 +288,71 @@ def side_raw_frontier(args: dict) -> dict:
     for point in curve:
         point["b_ttft_ratio"] = point["b_prefill_s"] / b_alone
     return {"b_alone_s": b_alone, "curve": curve}
+
+
+def continuous_batching(ctx: RawContext, prompts: list[list[int]], out: int, n_seq: int) -> dict:
+    """The flood's requests through llama.cpp's own best batching, as llama-server does it with
+    no latency target: each step one llama_decode carries one decode token for every running
+    sequence and then as much prompt as fits n_batch; a request ends after `out` tokens (EOS
+    ignored) and its sequence takes the next prompt. Returns output and prompt tok/s over the
+    whole flood."""
+    ctx.clear()
+    queue = list(prompts)
+    free = list(range(n_seq))
+    prefilling: dict[int, dict] = {}  # seq -> {"ids", "done"}
+    decoding: dict[int, dict] = {}  # seq -> {"token", "pos", "made"}
+    output = 0
+    started = time.perf_counter()
+    while queue or prefilling or decoding:
+        while free and queue:
+            seq = free.pop(0)
+            ll.llama_memory_seq_rm(ctx.memory, seq, 0, -1)
+            prefilling[seq] = {"ids": queue.pop(0), "done": 0}
+        entries = [(d["token"], d["pos"], seq, True) for seq, d in decoding.items()]
+        owners = [("decode", seq) for seq in decoding]
+        room = ctx.n_batch - len(entries)
+        for seq, p in prefilling.items():
+            if room <= 0:
+                break
+            part = p["ids"][p["done"] : p["done"] + room]
+            last = p["done"] + len(part) == len(p["ids"])
+            entries += [(t, p["done"] + i, seq, last and i == len(part) - 1)
+                        for i, t in enumerate(part)]  # fmt: skip
+            owners += [("prompt", seq)] * len(part)
+            p["done"] += len(part)
+            room -= len(part)
+        ctx.decode(entries)
+        for index, (kind, seq) in enumerate(owners):
+            if not entries[index][3]:
+                continue
+            token = ctx.sample(seq, index)
+            output += 1
+            if kind == "prompt":
+                ids = prefilling.pop(seq)["ids"]
+                decoding[seq] = {"token": token, "pos": len(ids), "made": 1}
+                continue
+            d = decoding[seq]
+            d["token"], d["pos"], d["made"] = token, d["pos"] + 1, d["made"] + 1
+        for seq in [s for s, d in decoding.items() if d["made"] >= out]:
+            del decoding[seq]
+            free.append(seq)
+    elapsed = time.perf_counter() - started
+    return {"output_tps": output / elapsed, "prompt_tps": sum(map(len, prompts)) / elapsed,
+            "seconds": elapsed, "output_tokens": output}  # fmt: skip
+
+
+def side_raw_flood(args: dict) -> dict:
+    """The flood alone (bench/engine_side.py's side_engine_flood_alone sends the same requests
+    to the engine): `flood` documents of `flood_tokens` tokens, `flood_out` tokens each, with as
+    many sequences as the engine has slots."""
+    cfg = args["config"]
+    model = _model(args)
+    tok = model.tokenize
+    n_seq = cfg["parallel"] + cfg["cache_slots"]
+    ctx = _context(model, cfg, n_seq=n_seq)
+    ctx.warm_up(tok)
+    prompts = [make_tokens(tok, args["flood_tokens"], args["salt"] + i)
+               for i in range(args["flood"])]  # fmt: skip
+    result = continuous_batching(ctx, prompts, args["flood_out"], n_seq)
+    ctx.close()
+    return result

@@ -22,6 +22,8 @@ SIDES = {
     "engine_stall": "bench.engine_side:side_engine_stall",
     "engine_prefix": "bench.engine_side:side_engine_prefix",
     "engine_flood": "bench.engine_side:side_engine_flood",
+    "engine_flood_alone": "bench.engine_side:side_engine_flood_alone",
+    "raw_flood": "bench.raw:side_raw_flood",
     "ipc_engine": "bench.engine_side:side_ipc_engine",
     "ipc_runner": "bench.runner_side:side_ipc_runner",
     "second_model": "bench.runner_side:side_second_model",
