@@ -16,7 +16,7 @@ repository, e.g.:
     pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/lcp
     tar xzf /tmp/lcp/llama_cpp_python-0.3.36.tar.gz -C /tmp/lcp
     cmake -S /tmp/lcp/llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/lcp/build \
-          -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF
+          -DCMAKE_BUILD_TYPE=Release
     cmake --build /tmp/lcp/build --target llama-server -j 2
 
 Scenarios (issue 18):
