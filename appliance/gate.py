@@ -44,6 +44,7 @@ work after it.
 """
 
 import asyncio
+import fcntl
 import hashlib
 import json
 import shutil
@@ -280,6 +281,8 @@ async def _streamed(app, scope: dict, receive, send, rule: ApiRule, length: int 
     hasher, size = hashlib.sha256(), 0
     try:
         with open(path, "wb") as out:
+            # Held while the body is written: a cleanup (inference.blobs.prune) leaves it be.
+            fcntl.flock(out, fcntl.LOCK_EX)
             pending: list[bytes] = []
             held = 0
             while True:

@@ -142,6 +142,9 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # The largest GGUF POST /api/blobs takes (streamed to disk, never held in memory).
 MAX_BLOB_BYTES = envint("MAX_BLOB_BYTES", 512 << 30, lo=1 << 20, hi=1 << 44)
+# An uploaded blob that no /api/create made into a model is removed this long after its upload
+# (inference.blobs.prune), as a partial upload that is no longer being written.
+BLOB_RETENTION_HOURS = envint("BLOB_RETENTION_HOURS", 24, lo=1, hi=24 * 365)
 
 if SPLIT_MODE:
     CHANNEL_LAYERS = {
@@ -173,6 +176,7 @@ CELERY_TASK_ROUTES = {
 CELERY_IMPORTS = ["inference.serving.worker", "inference.tasks"]
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
+    "blob-retention": {"task": "inference.prune_blobs", "schedule": 3600.0},
     # Workers sweep their own keep-alive; this is the safety net the beat keeps.
     "idle-unload": {"task": "inference.unload_idle_models", "schedule": 60.0},
 }

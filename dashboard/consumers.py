@@ -13,6 +13,8 @@ Chat frames in:
     {"type": "switch", "conversation": id, "message": id}  (show another version of a turn)
     {"type": "rename", "conversation": id, "title": str}
     {"type": "stop"}
+    {"type": "count", "seq": int, "conversation": id | null, "content": str, "model": str?,
+     "system_prompt": str?}  (the composer's token counter: what a send would read now)
 Chat frames out:
     {"type": "conversation", "id", "title", "model", "kind", "attached", "message_id",
      "user_message_id", "replaced_message_id", "truncate_from", "left_out", "context_start",
@@ -31,6 +33,8 @@ Chat frames out:
      the branch as saved)
     {"type": "branch", "id", "messages": [...], "context_start"}  (after a switch)
     {"type": "renamed", "id", "title"}
+    {"type": "count", "seq", "tokens": int | null, "context", "left_out"}  (tokens null: not
+     counted, the model is not loaded: dashboard.chat.counting)
 A refused frame gets an error frame without message_id and changes nothing. An answer keeps
 running when its socket closes; a new socket attaches to it (dashboard.chat.answers).
 """
@@ -46,7 +50,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from appliance.arrival import arrival
-from dashboard.chat import answers, turns
+from dashboard.chat import answers, counting, turns
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.panels import panels, shares_in
@@ -93,6 +97,8 @@ class ChatConsumer(_JsonConsumer):
     outbox: asyncio.Queue | None = None  # (frame, the turn it belongs to or None)
     sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
+    counter: asyncio.Task | None = None  # counting the composer's tokens
+    count_wanted: counting.CountAsk | None = None  # the latest ask it has not started
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -152,7 +158,7 @@ class ChatConsumer(_JsonConsumer):
         handler = {
             "send": self.on_send, "edit": self.on_edit, "regenerate": self.on_regenerate,
             "continue": self.on_continue, "attach": self.on_attach, "switch": self.on_switch,
-            "rename": self.on_rename, "stop": self.on_stop,
+            "rename": self.on_rename, "stop": self.on_stop, "count": self.on_count,
         }  # fmt: skip
         kind = frame.get("type")
         if not isinstance(kind, str) or kind not in handler or self.outbox is None:
@@ -242,6 +248,36 @@ class ChatConsumer(_JsonConsumer):
         if self.turn is not None and self.turn.running:
             await answers.cancel(self.turn, "stopped by the user")
 
+    async def on_count(self, frame: dict) -> None:
+        seq = frame.get("seq")
+        if isinstance(seq, bool) or not isinstance(seq, int):
+            raise turns.ChatRefused("invalid", "seq must be an integer")
+        content = frame.get("content")
+        if not isinstance(content, str):
+            raise turns.ChatRefused("invalid", "content must be a string")
+        if len(content) > turns.MAX_CONTENT_CHARS:
+            raise turns.ChatRefused("too_long", f"a message may be at most "
+                                    f"{turns.MAX_CONTENT_CHARS:,} characters")  # fmt: skip
+        self.count_wanted = counting.CountAsk(
+            seq, _conversation_id(frame.get("conversation"), required=False), content,
+            _optional_str(frame, "model", turns.MAX_MODEL_NAME_CHARS),
+            _optional_str(frame, "system_prompt", turns.MAX_SYSTEM_PROMPT_CHARS),
+        )  # fmt: skip
+        if self.counter is None or self.counter.done():
+            self.counter = asyncio.create_task(self._count_latest())
+
+    async def _count_latest(self) -> None:
+        """One count at a time per socket, of the latest ask: a page counting as someone types
+        costs one render and one tokenize at a time, never a queue of them."""
+        while self.count_wanted is not None:
+            ask, self.count_wanted = self.count_wanted, None
+            try:
+                reply = await counting.count(*self._who(), ask)
+            except Exception:  # noqa: BLE001 - a bug or a database outage: no count, say so
+                log.exception("counting the composer's tokens failed")
+                reply = counting.uncounted(ask.seq)
+            self.post(reply)
+
     # --- the watched turn ----------------------------------------------------------------------
 
     def _check_idle(self) -> None:
@@ -267,9 +303,10 @@ class ChatConsumer(_JsonConsumer):
     async def disconnect(self, code) -> None:
         # The answer runs on to its end (and is saved); a new socket can attach to it.
         self._unwatch()
-        if self.sender is not None:
-            self.sender.cancel()
-            self.sender = None
+        for task in (self.sender, self.counter):
+            if task is not None:
+                task.cancel()
+        self.sender = self.counter = None
         if self.holder is not None:
             chat_sockets.give_back(self.holder)
             self.holder = None

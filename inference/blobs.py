@@ -12,19 +12,31 @@
 A digest also counts as present when a listed model has those bytes already (an upload made a
 model earlier, or a pull): /api/create then gives that model the new name instead of a copy.
 The `.blobs` directory starts with a dot, so the models-directory scan never registers a blob.
+
+A blob that no /api/create made into a model (which moves it out of `.blobs`) is removed once
+BLOB_RETENTION_HOURS have passed since its upload ended (`prune`); so is a partial file nobody
+writes any more. An upload in progress holds a lock on its partial file (here, and in the gate),
+which `prune` never removes, nor a file a model's entry points at.
 """
 
 import fcntl
 import hashlib
+import logging
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+from django.conf import settings
 
 from inference.gguf import GGUFError, read_gguf
 from inference.importing import models_dir
 from inference.models import LLMModel
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 4 << 20
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
@@ -130,3 +142,50 @@ def adopt(digest: str, part: Path, sha256: str) -> Path:
     finally:
         if not kept:
             part.unlink(missing_ok=True)
+
+
+def in_progress(path: Path) -> bool:
+    """Whether an upload still writes this partial file: it holds the file's lock."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (and with it the lock, had this taken it)
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Pruned:
+    removed: list[str]  # file names
+    next_in: float | None  # seconds until the next file left here is due; None: none is left
+
+
+def prune(now: float | None = None) -> Pruned:
+    """Remove the blobs no model was made of, and the partial files no upload writes, once
+    BLOB_RETENTION_HOURS have passed since they were last written."""
+    now = time.time() if now is None else now
+    keep = settings.BLOB_RETENTION_HOURS * 3600
+    used = set(LLMModel.all_objects.values_list("file_path", flat=True))
+    removed: list[str] = []
+    due: list[float] = []
+    for path in blobs_dir().iterdir():
+        try:
+            age = now - path.stat().st_mtime
+        except FileNotFoundError:  # adopted or removed meanwhile
+            continue
+        partial = path.name.endswith(".part")
+        if not path.is_file() or str(path) in used or (partial and in_progress(path)):
+            continue
+        if age < keep:
+            due.append(keep - age)
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+        why = "a partial upload nobody wrote" if partial else "a blob no model was made of"
+        log.info("removed %s: %s for %d h", path.name, why, settings.BLOB_RETENTION_HOURS)
+    return Pruned(removed, min(due) if due else None)

@@ -9,13 +9,19 @@ progress and failures on the Job row. A download's network retries (with Range r
 inside inference.downloads, so both modes retry the same way.
 """
 
-from django.db import OperationalError
+import logging
+import threading
+
+from django.conf import settings
+from django.db import OperationalError, close_old_connections
 
 from appliance.celery import app
-from inference import downloads, importing, jobs
+from inference import blobs, downloads, importing, jobs
 from inference.dispatch import dispatch
 from inference.models import Job, LLMModel
 from inference.pulling import job as pulling
+
+log = logging.getLogger(__name__)
 
 HOUR = 3600
 # A database that is briefly locked or unreachable is worth waiting for; nothing else is.
@@ -99,6 +105,44 @@ def prune_request_history() -> int:
     from inference.history import prune_request_history as prune  # another module's: lazily
 
     return prune()
+
+
+@app.task(name="inference.prune_blobs", soft_time_limit=600, time_limit=660, **DB_RETRY)
+def prune_blobs() -> list[str]:
+    return blobs.prune().removed
+
+
+_blob_timer: threading.Timer | None = None
+_blob_timer_lock = threading.Lock()
+
+
+def keep_blobs_pruned() -> None:
+    """Prune the blobs now, and (embedded mode, which has no beat) again when the next one left
+    is due, on a timer thread of this process; called at start and after each upload. In split
+    mode the beat runs prune_blobs every hour. One timer at a time: a later call replaces it."""
+    global _blob_timer
+    if settings.SPLIT_MODE:
+        return
+    try:
+        due = blobs.prune().next_in
+    except Exception:  # noqa: BLE001 - housekeeping: a failure must not fail the upload
+        log.exception("pruning unused blobs failed")
+        return
+    with _blob_timer_lock:
+        if _blob_timer is not None:
+            _blob_timer.cancel()
+        _blob_timer = None
+        if due is not None:
+            _blob_timer = threading.Timer(due + 1, _prune_blobs_on_timer)
+            _blob_timer.daemon = True
+            _blob_timer.start()
+
+
+def _prune_blobs_on_timer() -> None:
+    try:
+        keep_blobs_pruned()
+    finally:
+        close_old_connections()  # a thread of its own: its database connection goes with it
 
 
 @app.task(name="inference.unload_idle_models", soft_time_limit=60, time_limit=90)

@@ -34,6 +34,7 @@ from inference.catalog import UnknownModel, resolve
 from inference.gguf import GGUFError
 from inference.importing import ImportRefused, install_file, safe_filename
 from inference.models import LLMModel, PulledName
+from inference.tasks import keep_blobs_pruned
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ async def blob(request: HttpRequest, digest: str) -> HttpResponse:
     except blobs.BlobRefused as exc:
         raise _refused(exc) from None
     log.info("blob %s received (key %s)", digest, request.api_key.name)
+    # It stays until a create makes a model of it, or BLOB_RETENTION_HOURS have passed.
+    await sync_to_async(keep_blobs_pruned, thread_sensitive=False)()
     return HttpResponse(status=201)
 
 

@@ -20,6 +20,7 @@ from dashboard.api.schemas import (
     Strict,
     Tools,
     TopK,
+    TopLogprobs,
     Unit,
     one_grammar,
     refuse_if,
@@ -138,9 +139,8 @@ class OllamaGenerationBase(Strict):
     # A GBNF grammar, as llama-server takes it (Ollama itself has none); not beside format.
     grammar: GrammarText | None = None
     think: Think = None
-    logprobs: Annotated[
-        bool | None, refuse_if(bool, "logprobs are not supported by this engine")
-    ] = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs = None
 
     @field_validator("grammar")
     @classmethod
@@ -165,6 +165,8 @@ class OllamaGenerationBase(Strict):
 
     def sampling(self) -> dict:
         params = self.options.sampling() if self.options else {}
+        if self.logprobs:
+            params["logprobs"] = self.top_logprobs or 0  # the sampled token's alone: 0
         if self.format == "json":
             params["grammar"] = json_object_grammar()
         elif self.format is not None:

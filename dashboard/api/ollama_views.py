@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from dashboard.api.answers import AnswerParser
 from dashboard.api.auth import api_endpoint, app_id, caller_fields, require_scope
 from dashboard.api.errors import ApiError, from_event, from_refusal
+from dashboard.api.logprobs import ollama_entries
 from dashboard.api.ollama_schemas import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -248,13 +249,22 @@ async def _generate(request, model: LLMModel, body, prompt: ChatPrompt, key: str
     if final.get("type") != "done":
         raise from_event(final)
     piece, calls = parser.whole(final["text"])
-    return JsonResponse(_last_line(body.model, key, piece.content, calls, final, piece.thinking))
+    return JsonResponse(_last_line(run, body.model, key, piece.content, calls, final,
+                                   piece.thinking))  # fmt: skip
 
 
-def _last_line(name: str, key: str, text: str, calls: list, done: dict, thinking: str = "") -> dict:
+def _logprobs(run: Run) -> dict:
+    """The line's `logprobs`: those of the tokens whose text is out by now, when asked."""
+    entries = run.take_logprobs()
+    return {"logprobs": ollama_entries(entries)} if entries else {}
+
+
+def _last_line(
+    run: Run, name: str, key: str, text: str, calls: list, done: dict, thinking: str = ""
+) -> dict:
     return {"model": name, "created_at": now_iso(), **_piece(key, text, calls, thinking),
             "done": True, "done_reason": done["finish_reason"],
-            **ollama_durations(done["figures"])}  # fmt: skip
+            **ollama_durations(done["figures"]), **_logprobs(run)}  # fmt: skip
 
 
 async def _lines(run: Run, name: str, key: str, parser: AnswerParser) -> AsyncIterator[bytes]:
@@ -265,11 +275,12 @@ async def _lines(run: Run, name: str, key: str, parser: AnswerParser) -> AsyncIt
                 if piece:
                     yield ndjson({"model": name, "created_at": now_iso(),
                                   **_piece(key, piece.content, thinking=piece.thinking),
-                                  "done": False})  # fmt: skip
+                                  "done": False, **_logprobs(run)})  # fmt: skip
                     run.first_output.sent()  # on the socket now: the TTFT (dashboard.wire)
             elif event["type"] == "done":
                 rest, calls = parser.finish()
-                yield ndjson(_last_line(name, key, rest.content, calls, event, rest.thinking))
+                yield ndjson(_last_line(run, name, key, rest.content, calls, event,
+                                        rest.thinking))  # fmt: skip
                 if rest or calls:
                     run.first_output.sent()
             elif event["type"] == "error":

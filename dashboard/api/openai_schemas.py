@@ -30,6 +30,7 @@ from dashboard.api.schemas import (
     TextPart,
     Tools,
     TopK,
+    TopLogprobs,
     Unit,
     one_grammar,
     refuse_if,
@@ -38,6 +39,7 @@ from dashboard.api.schemas import (
 )
 from dashboard.api.structured import json_object_grammar, schema_grammar
 from inference.engine.generation import Priority
+from inference.engine.params import MAX_TOP_LOGPROBS
 from inference.thinking import Think
 
 
@@ -160,10 +162,8 @@ class ChatCompletionRequest(OpenAISampling):
     ] = None  # fmt: skip
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
-    logprobs: Annotated[
-        bool | None, refuse_if(bool, "logprobs are not supported by this engine")
-    ] = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs = None
     # Thinking: "none" and "minimal" turn a thinking mode off (the least a switch can do); the
     # levels turn it on and reach templates that read them (gpt-oss).
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
@@ -203,6 +203,8 @@ class ChatCompletionRequest(OpenAISampling):
 
     def sampling(self) -> dict:
         params = super().sampling()
+        if self.logprobs:
+            params["logprobs"] = self.top_logprobs or 0  # the sampled token's alone: 0
         if self.max_completion_tokens is not None:
             params["max_tokens"] = self.max_completion_tokens
         grammar = self.response_format.grammar() if self.response_format else None
@@ -236,6 +238,11 @@ class CompletionRequest(OpenAISampling):
         str | None, refuse_if(bool, "suffix (fill-in-the-middle) is not supported")
     ] = None
     best_of: Annotated[int, Field(ge=1, le=1)] | None = None
-    logprobs: Annotated[
-        int | None, refuse_if(lambda v: True, "logprobs are not supported by this engine")
-    ] = None
+    # The legacy form: the sampled token's log-probability and this many likeliest beside it.
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+
+    def sampling(self) -> dict:
+        params = super().sampling()
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        return params

@@ -2,8 +2,9 @@
 
 Streamed answers are server-sent events ending with `data: [DONE]`; the chunk that carries the
 finish reason also carries `timings` (llama-server's names), and `stream_options.include_usage`
-adds a last chunk with `usage`. A refusal is an HTTP error before the stream begins; an error
-after it has begun is an `error` event, which the openai client raises.
+adds a last chunk with `usage`. Asked for, each chunk's `logprobs` are those of the tokens whose
+text it carries (dashboard.api.logprobs). A refusal is an HTTP error before the stream begins;
+an error after it has begun is an `error` event, which the openai client raises.
 """
 
 import time
@@ -16,6 +17,7 @@ from django.http import HttpRequest, JsonResponse
 from dashboard.api.answers import AnswerParser, Piece
 from dashboard.api.auth import api_endpoint, app_id, caller_fields
 from dashboard.api.errors import ApiError, from_event
+from dashboard.api.logprobs import CompletionOffsets, openai_choice
 from dashboard.api.openai_schemas import ChatCompletionRequest, CompletionRequest
 from dashboard.api.prompts import chat_prompt, raw_prompt
 from dashboard.api.runs import Run, api_request, resolve_model
@@ -106,7 +108,8 @@ async def chat_completions(request: HttpRequest):
     if piece.thinking:
         message["reasoning_content"] = piece.thinking  # llama-server's and DeepSeek's name
     reason = "tool_calls" if calls else finish_reason(done["finish_reason"])
-    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+    choice = {"index": 0, "message": message, "logprobs": openai_choice(run.take_logprobs()),
+              "finish_reason": reason}  # fmt: skip
     return JsonResponse(envelope.wrap([choice], usage=openai_usage(done["figures"]),
                                       timings=openai_timings(done["figures"])))  # fmt: skip
 
@@ -117,7 +120,9 @@ async def _chat_chunks(
     extra = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict, reason: str | None = None, **more) -> bytes:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        # A chunk carries the log-probabilities of the tokens whose text is out by now.
+        choice = {"index": 0, "delta": delta, "logprobs": openai_choice(run.take_logprobs()),
+                  "finish_reason": reason}  # fmt: skip
         return sse(envelope.wrap([choice], **extra, **more))
 
     # After each `yield` of output the chunk is on the socket: the first one is the TTFT
@@ -180,7 +185,8 @@ async def completions(request: HttpRequest):
         return stream_response(_completion_chunks(run, envelope, body.include_usage),
                                "text/event-stream")  # fmt: skip
     done = await _answer(run)
-    choice = {"index": 0, "text": done["text"], "logprobs": None,
+    choice = {"index": 0, "text": done["text"],
+              "logprobs": CompletionOffsets().shape(run.take_logprobs()),
               "finish_reason": finish_reason(done["finish_reason"])}  # fmt: skip
     return JsonResponse(envelope.wrap([choice], usage=openai_usage(done["figures"]),
                                       timings=openai_timings(done["figures"])))  # fmt: skip
@@ -190,9 +196,11 @@ async def _completion_chunks(
     run: Run, envelope: Envelope, include_usage: bool
 ) -> AsyncIterator[bytes]:
     extra = {"usage": None} if include_usage else {}
+    offsets = CompletionOffsets()
 
     def chunk(text: str, reason: str | None = None, **more) -> bytes:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": offsets.shape(run.take_logprobs()),
+                  "finish_reason": reason}  # fmt: skip
         return sse(envelope.wrap([choice], **extra, **more))
 
     try:

@@ -243,11 +243,13 @@ class ResponsesRequest(Strict):
     include: Annotated[
         list[ShortText] | None,
         refuse_if(lambda v: any("logprobs" in i for i in v),
-                  "logprobs are not supported by this engine"),
+                  "logprobs are not served on /v1/responses: /v1/chat/completions has them"),
     ] = None  # fmt: skip
     top_logprobs: Annotated[
-        int | None, refuse_if(lambda v: v > 0, "logprobs are not supported by this engine")
-    ] = None
+        int | None,
+        refuse_if(lambda v: v > 0,
+                  "logprobs are not served on /v1/responses: /v1/chat/completions has them"),
+    ] = None  # fmt: skip
     metadata: Annotated[dict[str, ShortText], Field(max_length=16)] | None = None
     user: ShortText | None = None
     # OpenAI's processing tiers: "flex" asks for background priority here (openai_schemas).

@@ -15,6 +15,7 @@ from django.conf import settings
 
 from appliance.arrival import arrived_wall
 from dashboard.api.errors import ApiError, from_event, from_refusal
+from dashboard.api.logprobs import LogprobTrail, TokenEntry
 from dashboard.limits import api_streams
 from dashboard.wire import FirstOutput
 from inference.catalog import UnknownModel, request_for, resolve, spec_for
@@ -67,6 +68,8 @@ class Run:
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
+        # Its tokens' log-probabilities, for the views to send with the text, when it asked.
+        self.logprobs = LogprobTrail() if request.params.logprobs is not None else None
         self._closed = False
         self.app = app  # what MAX_STREAMS_PER_KEY counts: "apikey:<id>"
         self._held_by: str | None = None
@@ -123,8 +126,17 @@ class Run:
     def _see(self, event: dict) -> None:
         if event["type"] == "token":
             self.output_tokens += 1
+            if self.logprobs is not None:
+                self.logprobs.feed(event)
         elif event["type"] in ("done", "error"):
             self.final = event
+            if self.logprobs is not None and event["type"] == "done":
+                self.logprobs.end(event)
+
+    def take_logprobs(self) -> list[TokenEntry]:
+        """The entries of the tokens whose text is out (dashboard.api.logprobs); none when the
+        request did not ask."""
+        return self.logprobs.take() if self.logprobs is not None else []
 
     def figures(self, figures: dict) -> dict:
         """The engine's figures for this answer, with its TTFT at the wire when it streamed."""

@@ -3,10 +3,9 @@ the parsing that turns a body into a model or a 400 naming the field.
 
 Nothing reaches the engine unchecked: a negative, absurd or mistyped value is a 400 that names
 the field. Models are strict (no "0.7" for a number, no true for 1) and ignore unknown fields,
-as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (logprobs,
-images, several choices, a JSON schema keyword its grammar cannot enforce) is refused rather than
-silently ignored. The bodies
-themselves are in openai_schemas and ollama_schemas.
+as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (images,
+several choices, a JSON schema keyword its grammar cannot enforce) is refused rather than
+silently ignored. The bodies themselves are in openai_schemas and ollama_schemas.
 """
 
 import json
@@ -14,7 +13,15 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from django.http import HttpRequest, RawPostDataException
 from django.http.request import RequestDataTooBig
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+)
 
 from dashboard.api.errors import ApiError
 from dashboard.api.structured import check_schema
@@ -23,6 +30,7 @@ from inference.engine.params import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
+    MAX_TOP_LOGPROBS,
     SEED_LIMIT,
 )
 
@@ -83,6 +91,20 @@ TopK = Annotated[int, Field(ge=0, le=100_000)]
 RepeatPenalty = Annotated[float, Field(ge=0.0, le=5.0)]
 RepeatLastN = Annotated[int, Field(ge=-1, le=1 << 16)]
 PromptText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+
+
+def _needs_logprobs(top: int | None, info: ValidationInfo) -> int | None:
+    if top and not info.data.get("logprobs"):
+        raise ValueError("top_logprobs needs logprobs: true")
+    return top
+
+
+# How many likeliest tokens to list beside each sampled one (OpenAI's and Ollama's top_logprobs,
+# declared after the `logprobs` switch it needs).
+TopLogprobs = Annotated[
+    Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None, AfterValidator(_needs_logprobs)
+]
+
 # Structured output (dashboard.api.structured): a JSON schema the grammar can enforce, checked
 # (and converted once) while the body is validated; a raw GBNF grammar as llama-server takes it,
 # whose parse llama.cpp checks at submit.

@@ -1,5 +1,6 @@
 """llama-server's /tokenize, /detokenize and /apply-template (plus a `model` field), and the
-token count of a rendered prompt (Anthropic's count_tokens, the chat page's counter).
+token count of a rendered prompt (Anthropic's count_tokens; the chat page counts its own in
+dashboard.chat.counting, on a loaded model only).
 
 Tokens come from the model's own tokenizer in its runner process (inference.serving.tokens; the
 web process never loads llama.cpp), so a count is what a generation on the same text counts as

@@ -20,6 +20,7 @@ user are capped (dashboard.limits.chat_answers).
 """
 
 import time
+from dataclasses import dataclass
 from importlib import import_module
 
 from django.conf import settings
@@ -163,6 +164,36 @@ def _ask(
     return turn
 
 
+@dataclass(slots=True)
+class SendInputs:
+    """What a send starts from: its user, conversation (None: a new one), model, system prompt
+    and the branch on show (oldest first)."""
+
+    user: object
+    conversation: Conversation | None
+    model: LLMModel
+    system_prompt: str
+    branch: list[Message]
+
+
+def send_inputs(
+    user_id: int, session: SessionBase | None, *, conversation_id: int | None,
+    model_name: str | None, system_prompt: str | None,
+) -> SendInputs:  # fmt: skip
+    """The checks and reads of a send (the token counter's too, dashboard.chat.counting): the
+    frame's model, else the conversation's; its system prompt, else the conversation's."""
+    user = _check_user(user_id, session)
+    conversation = own_conversation(user, conversation_id) if conversation_id else None
+    model = _model(model_name or (conversation.model_name if conversation else None))
+    if system_prompt is None:
+        system_prompt = conversation.system_prompt if conversation else ""
+    branch = []
+    if conversation is not None:
+        conversation.adopt_linear()
+        branch = conversation.path()
+    return SendInputs(user, conversation, model, system_prompt, branch)
+
+
 def prepare_send(
     user_id: int,
     session: SessionBase | None,
@@ -173,18 +204,12 @@ def prepare_send(
     system_prompt: str | None,
 ) -> Turn:
     arrived = _arrived()
-    user = _check_user(user_id, session)
-    conversation = own_conversation(user, conversation_id) if conversation_id else None
-    model = _model(model_name or (conversation.model_name if conversation else None))
-    if system_prompt is None:
-        system_prompt = conversation.system_prompt if conversation else ""
-    branch = []
-    if conversation is not None:
-        conversation.adopt_linear()
-        branch = conversation.path()
-    return _ask(user, conversation, parent_of_question=branch[-1] if branch else None,
-                earlier=branch, content=content, model=model, system_prompt=system_prompt,
-                arrived=arrived, kind="send")  # fmt: skip
+    asked = send_inputs(user_id, session, conversation_id=conversation_id, model_name=model_name,
+                        system_prompt=system_prompt)  # fmt: skip
+    branch = asked.branch
+    return _ask(asked.user, asked.conversation, parent_of_question=branch[-1] if branch else None,
+                earlier=branch, content=content, model=asked.model,
+                system_prompt=asked.system_prompt, arrived=arrived, kind="send")  # fmt: skip
 
 
 def prepare_edit(

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.model_pages import lifecycle, views
 from dashboard.model_pages.display import flash_text
-from dashboard.model_pages.forms import DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages.forms import DownloadForm, UploadForm
 from dashboard.model_pages.uploads import ModelsDirUploadHandler
 from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import content_security_policy, staff_required
@@ -236,7 +236,7 @@ async def apply(request: HttpRequest, name: str) -> HttpResponse:
 
 def _save_settings(request: HttpRequest, model: LLMModel):
     """(model, load-time settings changed?) once saved, or the page with the form's errors."""
-    form = ModelSettingsForm(request.POST, instance=model)
+    form = views.settings_form(model, request.POST)
     if not form.is_valid():
         model.refresh_from_db()
         return views.detail_page(request, model, form, status=400)

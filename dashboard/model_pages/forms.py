@@ -12,6 +12,7 @@ from inference.engine.params import (
     MAX_STOP_STRINGS,
     InvalidParams,
     SamplingParams,
+    usable_defaults,
 )
 from inference.gguf import ChatTemplateError
 from inference.gguf.render_pool import render_chat_isolated
@@ -30,33 +31,14 @@ SAMPLE_CONVERSATION = [
 ]
 
 
-class ModelSettingsForm(forms.ModelForm):
-    # Bounds beyond what the engine would accept: the sizes llama.cpp is tested with.
-    n_gpu_layers = forms.IntegerField(
-        min_value=-1, max_value=1000, label="GPU layers (n_gpu_layers)",
-        help_text="-1: every layer the GPU takes; 0: CPU only",
-    )  # fmt: skip
-    n_threads = forms.IntegerField(min_value=0, max_value=256, label="Threads (n_threads)",
-                                   help_text="0: all cores")  # fmt: skip
-    n_batch = forms.IntegerField(min_value=32, max_value=8192, label="Batch (n_batch)",
-                                 help_text="tokens per llama_decode call")  # fmt: skip
-    n_ubatch = forms.IntegerField(min_value=32, max_value=8192, label="Micro-batch (n_ubatch)",
-                                  help_text="at most n_batch")  # fmt: skip
-    parallel = forms.IntegerField(
-        min_value=1, max_value=16, label="Parallel sequences",
-        help_text="sequences decoded together, each with a context of n_ctx tokens",
-    )  # fmt: skip
+class OwnSettingsForm(forms.ModelForm):
+    """What a model has of its own and applies at its next answer: system prompt, chat template
+    override, default sampling. All a derived model has: its load settings are its base's."""
 
     class Meta:
         model = LLMModel
-        fields = [
-            "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-            "parallel", "keep_alive", "system_prompt", "chat_template_override",
-        ]  # fmt: skip
-        labels = {
-            "kv_type": "KV cache type", "flash_attn": "Flash attention",
-            "keep_alive": "Keep-alive", "chat_template_override": "Chat template override",
-        }  # fmt: skip
+        fields = ["system_prompt", "chat_template_override"]
+        labels = {"chat_template_override": "Chat template override"}
         widgets = {
             "system_prompt": forms.Textarea(attrs={"rows": 3}),
             "chat_template_override": forms.Textarea(attrs={"rows": 6, "spellcheck": "false"}),
@@ -64,34 +46,13 @@ class ModelSettingsForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        top = self.instance.context_length or MAX_CONTEXT
-        self.fields["n_ctx"] = forms.IntegerField(
-            min_value=0, max_value=top, label="Context per sequence (n_ctx)",
-            help_text=f"context tokens per sequence (the model was trained for {top}); 0: "
-            "automatic, the training context or what fits in memory",
-        )  # fmt: skip
         add_sampling_fields(self)
-
-    def clean_n_ctx(self) -> int:
-        value = self.cleaned_data["n_ctx"]
-        floor = min(256, self.instance.context_length or MAX_CONTEXT)
-        if 0 < value < floor:
-            raise forms.ValidationError(f"must be 0 (automatic) or at least {floor}")
-        return value
-
-    def clean_keep_alive(self) -> str:
-        value = self.cleaned_data["keep_alive"].strip()
-        try:
-            parse_keep_alive(value)
-        except ValueError as exc:
-            raise forms.ValidationError(str(exc)) from None
-        return value
 
     def clean_chat_template_override(self) -> str:
         template = self.cleaned_data["chat_template_override"]
         if not template.strip():
             return ""
-        metadata = self.instance.metadata or {}
+        metadata = self.instance.weights.metadata or {}
         try:
             # In a limited render process, like every render: the form is how a template
             # first reaches the appliance.
@@ -109,12 +70,6 @@ class ModelSettingsForm(forms.ModelForm):
 
     def clean(self) -> dict:
         data = super().clean()
-        n_batch, n_ubatch = data.get("n_batch"), data.get("n_ubatch")
-        if n_batch is not None and n_ubatch is not None and n_ubatch > n_batch:
-            self.add_error("n_ubatch", f"must be at most n_batch ({n_batch})")
-        # llama.cpp only quantises the V cache with flash attention; it would fail at load.
-        if data.get("kv_type", "f16") != "f16" and not data.get("flash_attn"):
-            self.add_error("kv_type", "a quantised KV cache needs flash attention on")
         self.sampling = clean_sampling(self, data)
         return data
 
@@ -132,6 +87,70 @@ class ModelSettingsForm(forms.ModelForm):
 
     def other_fields(self) -> list:
         return [self[name] for name in self.fields if not name.startswith(SAMPLING_PREFIX)]
+
+
+class ModelSettingsForm(OwnSettingsForm):
+    """A model with weights of its own: its load settings too."""
+
+    # Bounds beyond what the engine would accept: the sizes llama.cpp is tested with.
+    n_gpu_layers = forms.IntegerField(
+        min_value=-1, max_value=1000, label="GPU layers (n_gpu_layers)",
+        help_text="-1: every layer the GPU takes; 0: CPU only",
+    )  # fmt: skip
+    n_threads = forms.IntegerField(min_value=0, max_value=256, label="Threads (n_threads)",
+                                   help_text="0: all cores")  # fmt: skip
+    n_batch = forms.IntegerField(min_value=32, max_value=8192, label="Batch (n_batch)",
+                                 help_text="tokens per llama_decode call")  # fmt: skip
+    n_ubatch = forms.IntegerField(min_value=32, max_value=8192, label="Micro-batch (n_ubatch)",
+                                  help_text="at most n_batch")  # fmt: skip
+    parallel = forms.IntegerField(
+        min_value=1, max_value=16, label="Parallel sequences",
+        help_text="sequences decoded together, each with a context of n_ctx tokens",
+    )  # fmt: skip
+
+    class Meta(OwnSettingsForm.Meta):
+        fields = [
+            "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
+            "parallel", "keep_alive", *OwnSettingsForm.Meta.fields,
+        ]  # fmt: skip
+        labels = {
+            **OwnSettingsForm.Meta.labels, "kv_type": "KV cache type",
+            "flash_attn": "Flash attention", "keep_alive": "Keep-alive",
+        }  # fmt: skip
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        top = self.instance.context_length or MAX_CONTEXT
+        self.fields["n_ctx"] = forms.IntegerField(
+            min_value=0, max_value=top, label="Context per sequence (n_ctx)",
+            help_text=f"context tokens per sequence (the model was trained for {top}); 0: "
+            "automatic, the training context or what fits in memory",
+        )  # fmt: skip
+
+    def clean_n_ctx(self) -> int:
+        value = self.cleaned_data["n_ctx"]
+        floor = min(256, self.instance.context_length or MAX_CONTEXT)
+        if 0 < value < floor:
+            raise forms.ValidationError(f"must be 0 (automatic) or at least {floor}")
+        return value
+
+    def clean_keep_alive(self) -> str:
+        value = self.cleaned_data["keep_alive"].strip()
+        try:
+            parse_keep_alive(value)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        return value
+
+    def clean(self) -> dict:
+        data = super().clean()
+        n_batch, n_ubatch = data.get("n_batch"), data.get("n_ubatch")
+        if n_batch is not None and n_ubatch is not None and n_ubatch > n_batch:
+            self.add_error("n_ubatch", f"must be at most n_batch ({n_batch})")
+        # llama.cpp only quantises the V cache with flash attention; it would fail at load.
+        if data.get("kv_type", "f16") != "f16" and not data.get("flash_attn"):
+            self.add_error("kv_type", "a quantised KV cache needs flash attention on")
+        return data
 
 
 # The settings llama.cpp reads when it creates the model's context: changing one means a reload.
@@ -157,6 +176,10 @@ ENGINE_DEFAULTS = SamplingParams()
 
 def add_sampling_fields(form: forms.ModelForm) -> None:
     saved = form.instance.default_params if isinstance(form.instance.default_params, dict) else {}
+    # What an empty field means: a derived model's base's default (inference.catalog), else
+    # the engine's.
+    base = form.instance.base if form.instance.base_id else None
+    inherited = usable_defaults(base.default_params) if base is not None else {}
     for name, (label, help_text) in SAMPLING_FIELDS.items():
         if name in _FLOAT_BOUNDS:
             low, high = _FLOAT_BOUNDS[name]
@@ -167,8 +190,10 @@ def add_sampling_fields(form: forms.ModelForm) -> None:
         else:
             low, high = _INT_BOUNDS[name]
             field = forms.IntegerField(min_value=low, max_value=high, required=False, label=label)
-        field.help_text = f"{help_text} ({low} to {high}; empty: {getattr(ENGINE_DEFAULTS, name)})"
-        field.widget.attrs["placeholder"] = str(getattr(ENGINE_DEFAULTS, name))
+        fallback = inherited.get(name, getattr(ENGINE_DEFAULTS, name))
+        whose = f" from {base.name}" if name in inherited else ""
+        field.help_text = f"{help_text} ({low} to {high}; empty: {fallback}{whose})"
+        field.widget.attrs["placeholder"] = str(fallback)
         form.fields[SAMPLING_PREFIX + name] = field
         if not form.is_bound and name in saved:
             form.initial[SAMPLING_PREFIX + name] = saved[name]

@@ -18,11 +18,18 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from dashboard.model_pages import lifecycle
 from dashboard.model_pages.display import bytes_label, params_label, seconds_label
-from dashboard.model_pages.forms import DeriveForm, DownloadForm, ModelSettingsForm, UploadForm
+from dashboard.model_pages.forms import (
+    DeriveForm,
+    DownloadForm,
+    ModelSettingsForm,
+    OwnSettingsForm,
+    UploadForm,
+)
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
 from inference import plain
 from inference.catalog import spec_for
+from inference.engine.params import usable_defaults
 from inference.importing import copies, models_dir
 from inference.memory import MemoryEstimate
 from inference.models import Job, LLMModel
@@ -70,18 +77,20 @@ def model_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @with_csp
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
-    model = get_object_or_404(LLMModel, name=name)
+    model = get_object_or_404(LLMModel.objects.select_related("base"), name=name)
     if request.method == "GET":
-        return detail_page(request, model, ModelSettingsForm(instance=model))
+        return detail_page(request, model, settings_form(model))
     if not request.user.is_staff:
         raise PermissionDenied
-    form = ModelSettingsForm(request.POST, instance=model)
+    form = settings_form(model, request.POST)
     if not form.is_valid():
         model.refresh_from_db()  # the page shows the saved settings next to the form's errors
         return detail_page(request, model, form, status=400)
     model = save_settings(form)
     row = lifecycle.loaded_rows(lifecycle.snapshots()).get(model.name)
-    if row is None:
+    if model.base_id:
+        note = "they apply to its next answer"
+    elif row is None:
         note = "they apply when it loads"
     elif form.load_fields_changed:
         note = "it is loaded with the earlier ones: “Reload to apply” below applies them"
@@ -91,7 +100,13 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     return redirect("model-detail", name=model.name)
 
 
-def save_settings(form: ModelSettingsForm) -> LLMModel:
+def settings_form(model: LLMModel, data=None) -> OwnSettingsForm:
+    """The settings a model's page edits: a derived model's own (its load settings are its
+    base's), else its load settings too."""
+    return (OwnSettingsForm if model.base_id else ModelSettingsForm)(data, instance=model)
+
+
+def save_settings(form: OwnSettingsForm) -> LLMModel:
     """Save a valid settings form with its estimate, noting when a load-time setting changed."""
     model = form.save(commit=False)
     found, _ = lifecycle.estimate(model)
@@ -102,8 +117,10 @@ def save_settings(form: ModelSettingsForm) -> LLMModel:
     return model
 
 
-def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
+def detail_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
                 status: int = 200) -> HttpResponse:  # fmt: skip
+    if model.base_id:
+        return derived_page(request, model, form, status)
     snaps = lifecycle.snapshots()
     found, why_not = lifecycle.estimate(model)
     memory = lifecycle.memory(snaps)
@@ -136,6 +153,24 @@ def detail_page(request: HttpRequest, model: LLMModel, form: ModelSettingsForm,
         "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
+    }, status=status)  # fmt: skip
+
+
+def derived_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
+                 status: int) -> HttpResponse:  # fmt: skip
+    """A derived model's page: its own settings; its base's load state, which is its own (it
+    loads as its base), and a link to the base for everything about the weights."""
+    snaps = lifecycle.snapshots()
+    base = model.base
+    loaded = lifecycle.loaded_rows(snaps).get(base.name)
+    return render(request, "model_pages/derived.html", {
+        "model": model,
+        "base": base,
+        "form": form,
+        "sampling": sorted(usable_defaults(model.default_params).items()),
+        "loaded": loaded_view(loaded) if loaded else None,
+        "idle_line": f"Not loaded: it loads as {base.name} on its first request.",
+        "loading": lifecycle.loading_names(snaps),
     }, status=status)  # fmt: skip
 
 

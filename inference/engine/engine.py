@@ -35,6 +35,7 @@ from inference.engine.events import (
     PrefillEvent,
     QueueEvent,
     RequestHandle,
+    StepLogprobs,
     TokenEvent,
 )
 from inference.engine.generation import PRIORITIES, GenerationRequest, Priority
@@ -83,6 +84,8 @@ class Runner(Protocol):
     def release(self, request: Request) -> None: ...
     def trim(self, trims: list[KvTrim]) -> None: ...
     def execute(self, chunks: list[Chunk]) -> list[int]: ...  # a token per sampling chunk
+    # After execute(), for a request whose params ask for logprobs: its sampled token's.
+    def logprobs(self, request: Request, token: int) -> StepLogprobs: ...
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -553,7 +556,9 @@ class Engine:
         times.append(sent)
         if text:
             self._text_sent(request, sent)
-        self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1))
+        logprobs = None if request.params.logprobs is None else self.runner.logprobs(request, token)
+        self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1,
+                                          logprobs=logprobs))  # fmt: skip
         if stream.stopped:
             self._finish(request, "stop")
         elif len(request.output_ids) >= request.max_new_tokens:

@@ -24,12 +24,32 @@ from inference.engine.refusals import RefusalKind
 
 
 @dataclass(slots=True, frozen=True)
+class TokenLogprob:
+    """One token of the vocabulary at one step, and its log-probability there."""
+
+    token_id: int
+    piece: bytes  # its bytes (a special token written out); a part of a character, for some
+    logprob: float
+
+
+@dataclass(slots=True, frozen=True)
+class StepLogprobs:
+    """A sampled token's log-probability, and the likeliest tokens at its step (as many as the
+    request's `logprobs` asked, the likeliest first). From the step's logits at the request's
+    temperature, over the whole vocabulary (inference.engine.runner, `logprobs`)."""
+
+    chosen: TokenLogprob
+    top: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(slots=True, frozen=True)
 class TokenEvent:
     request_id: str
     text: str  # may be "" while bytes of a character or a possible stop string are held back
     token_id: int
     index: int
     type: Literal["token"] = "token"
+    logprobs: StepLogprobs | None = None  # only when the request's params ask for them
 
 
 @dataclass(slots=True, frozen=True)

@@ -25,6 +25,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
 MAX_TOKENS_LIMIT = 1 << 20
 SEED_LIMIT = (1 << 32) - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's and Ollama's bound on the likeliest tokens listed per step
 MAX_GRAMMAR_CHARS = 64 * 1024  # GBNF text; llama.cpp parses it for every request that sends one
 # llama.cpp parses nested groups recursively: 20,000 open parentheses overflow its stack (a
 # crashed runner). A JSON schema's grammar nests about one level per maxLength character.
@@ -45,6 +46,11 @@ _INT_BOUNDS: dict[str, tuple[int, int]] = {
     "top_k": (0, 100_000),
     "repeat_last_n": (-1, 1 << 16),
     "max_tokens": (1, MAX_TOKENS_LIMIT),
+}
+# The same for the integers that may be None (not asked).
+_OPTIONAL_INT_BOUNDS: dict[str, tuple[int, int]] = {
+    "seed": (0, SEED_LIMIT),
+    "logprobs": (0, MAX_TOP_LOGPROBS),
 }
 
 
@@ -114,6 +120,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = None  # None: a fresh random seed per request
+    # Log-probabilities of the answer's tokens (OpenAI's and Ollama's logprobs): None, not
+    # asked; n, each sampled token's and the n likeliest tokens at its step (0 to 20).
+    logprobs: int | None = None
     max_tokens: int = 512
     stop: tuple[str, ...] = field(default_factory=tuple)
     # GBNF (llama.cpp's grammar format, root rule "root"): only tokens the grammar allows are
@@ -133,17 +142,14 @@ class SamplingParams:
                 raise InvalidParams(name, f"must be a number, got {value!r}")
             if not math.isfinite(value) or not lo <= value <= hi:
                 raise InvalidParams(name, f"must be between {lo} and {hi}, got {value}")
-        for name, (lo, hi) in _INT_BOUNDS.items():
+        optional = ((name, bounds) for name, bounds in _OPTIONAL_INT_BOUNDS.items()
+                    if getattr(self, name) is not None)  # fmt: skip
+        for name, (lo, hi) in (*_INT_BOUNDS.items(), *optional):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidParams(name, f"must be an integer, got {value!r}")
             if not lo <= value <= hi:
                 raise InvalidParams(name, f"must be between {lo} and {hi}, got {value}")
-        if self.seed is not None:
-            if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-                raise InvalidParams("seed", f"must be an integer, got {self.seed!r}")
-            if not 0 <= self.seed <= SEED_LIMIT:
-                raise InvalidParams("seed", f"must be between 0 and {SEED_LIMIT}, got {self.seed}")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)

@@ -14,8 +14,10 @@ import secrets
 import threading
 
 import llama_cpp as ll
+import numpy as np
 
 from inference.engine.embedding import pack
+from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.request import Request
@@ -131,7 +133,9 @@ class LlamaRunner:
         self.threads = threads
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
+        self._sampled: list[tuple[str, int]] = []  # the last step's (request id, batch row)
         self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
         self._closed = False
         self._info = self._read_info()
         # Embeddings run on a second context of the same weights, made on first use (most
@@ -157,25 +161,23 @@ class LlamaRunner:
             capacity = -n
 
     def piece(self, token: int) -> bytes:
-        cached = self._pieces.get(token)
-        if cached is None:
-            buffer = ctypes.create_string_buffer(64)
-            n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, False)
-            if n < 0:
-                buffer = ctypes.create_string_buffer(-n)
-                n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, False)
-            cached = self._pieces[token] = buffer.raw[:n]
-        return cached
+        return self._piece(token, self._pieces, special=False)
 
     def special_piece(self, token: int) -> bytes:
         """The token's bytes with a special token written out ("<|im_start|>"), as /detokenize
-        shows it; piece() leaves special tokens out of answers."""
-        buffer = ctypes.create_string_buffer(64)
-        n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, True)
-        if n < 0:
-            buffer = ctypes.create_string_buffer(-n)
-            n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, True)
-        return buffer.raw[:n]
+        and logprobs show it; piece() leaves special tokens out of answers."""
+        return self._piece(token, self._special_pieces, special=True)
+
+    def _piece(self, token: int, cache: dict[int, bytes], *, special: bool) -> bytes:
+        cached = cache.get(token)
+        if cached is None:
+            buffer = ctypes.create_string_buffer(64)
+            n = ll.llama_token_to_piece(self.vocab, token, buffer, 64, 0, special)
+            if n < 0:
+                buffer = ctypes.create_string_buffer(-n)
+                n = ll.llama_token_to_piece(self.vocab, token, buffer, -n, 0, special)
+            cached = cache[token] = buffer.raw[:n]
+        return cached
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
@@ -305,9 +307,42 @@ class LlamaRunner:
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
+        self._sampled = wanted
         sample = ll.llama_sampler_sample
         return [sample(self._samplers[rid], self.ctx, index)  # in the plan's order
                 for rid, index in (wanted[n] for n in sorted(wanted))]  # fmt: skip
+
+    def logprobs(self, request: Request, token: int) -> StepLogprobs:
+        """`token`'s log-probability at the step execute() just ran for `request`, and the
+        `request.params.logprobs` likeliest tokens there. Only between that execute() and the
+        next: it reads the step's logits, which the next llama_decode overwrites; a request
+        that asks for none never gets here, so it costs nothing.
+
+        The distribution the sampler chain draws from: the logits divided by the request's
+        temperature (1 for greedy), normalised over the whole vocabulary (a log-softmax in
+        float64), as Ollama reports it. Penalties, a grammar's mask and the top-k/top-p/min-p
+        cuts are left out: they say what may be drawn, not how likely the model found it."""
+        row = next(index for rid, index in self._sampled if rid == request.id)
+        pointer = ll.llama_get_logits_ith(self.ctx, row)
+        if not pointer:
+            raise RuntimeError("llama.cpp kept no logits for this step")
+        params = request.params
+        scaled = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
+        if not params.greedy:
+            scaled /= params.temperature
+        peak = scaled.max()
+        scaled -= peak + np.log(np.exp(scaled - peak).sum())  # now log-probabilities
+
+        def entry(token_id: int) -> TokenLogprob:
+            return TokenLogprob(token_id, self.special_piece(token_id), float(scaled[token_id]))
+
+        top: tuple[TokenLogprob, ...] = ()
+        if params.logprobs:
+            best = np.argpartition(scaled, -params.logprobs)[-params.logprobs:]
+            # The likeliest first; equal ones by id, so the order never depends on the partition.
+            best = best[np.lexsort((best, -scaled[best]))]
+            top = tuple(entry(int(token_id)) for token_id in best)
+        return StepLogprobs(entry(token), top)
 
     def warm_up(self) -> None:
         """Decode a few tokens on sequence 0 and forget them: the first matmuls run at load, so

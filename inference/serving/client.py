@@ -51,8 +51,9 @@ class InferenceClient(Protocol):
     async def set_priority(self, request_id: str, priority: Priority) -> None: ...
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
-    ) -> TokenResult: ...
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+        if_loaded: bool = False,  # only on a loaded model: never load one to count
+    ) -> TokenResult: ...  # fmt: skip
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult: ...
     async def unload(self, name: str) -> bool: ...
     async def load(self, spec: ModelSpec) -> None: ...
@@ -104,10 +105,11 @@ class EmbeddedClient:
         return await embed(self.host, job, spec)
 
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
-    ) -> TokenResult:
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+        if_loaded: bool = False,
+    ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces)  # fmt: skip
+                       with_pieces=with_pieces, if_loaded=if_loaded)  # fmt: skip
         return await tokens(self.host, job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

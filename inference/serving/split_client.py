@@ -279,10 +279,11 @@ class SplitClient:
         return EmbedResult.from_dict(answer)
 
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False
-    ) -> TokenResult:
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+        if_loaded: bool = False,
+    ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces)  # fmt: skip
+                       with_pieces=with_pieces, if_loaded=if_loaded)  # fmt: skip
         return await self._tokens(job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

@@ -1,7 +1,7 @@
 """One tokenize or detokenize request from the web process to a runner and back, the same in
 both modes.
 
-    result = await tokens(host, job, spec)   # it may load the model first
+    result = await tokens(host, job, spec)   # it may load the model first (not if_loaded)
 
 The job travels as a plain dict in split mode (Celery JSON, task "inference.tokenize"), as an
 EmbedJob does; the result comes back as a TokenResult, its pieces as base64 of their bytes. A
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from inference.engine.host import EngineHost, ModelSpec
-from inference.engine.refusals import RefusalKind, error_event
+from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving.core import refusal_event
 
 TOKENS_TIMEOUT_S = 60.0  # a tokenize waits for a step boundary, never for a whole answer
@@ -30,6 +30,9 @@ class TokenJob:
     tokens: list[int] = field(default_factory=list)  # or detokenize these
     add_special: bool = True
     with_pieces: bool = False
+    # A tokenize on the model only if it is loaded (the chat page's counter): it never loads
+    # one, nor restarts its keep-alive clock; a model not loaded is refused as unavailable.
+    if_loaded: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def to_dict(self) -> dict:
@@ -75,9 +78,17 @@ class TokenError(Exception):
 
 async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResult:
     """Load the model if needed (in a thread), tokenize or detokenize in its runner, restart
-    the keep-alive clock. The wait for the answer holds no thread."""
+    the keep-alive clock; `if_loaded` (tokenize only) does neither. The wait for the answer
+    holds no thread."""
     try:
-        if job.op == "detokenize":
+        if job.if_loaded:
+            engine = host.get(spec.name)
+            if engine is None or not engine.alive:
+                raise Refused(f"{spec.name} is not loaded", kind=RefusalKind.UNAVAILABLE)
+            future = engine.tokenize(job.text, add_special=job.add_special,
+                                     with_pieces=job.with_pieces)  # fmt: skip
+            waited = 0.0
+        elif job.op == "detokenize":
             future, waited = await asyncio.to_thread(host.detokenize, spec, list(job.tokens))
         else:
             future, waited = await asyncio.to_thread(
@@ -89,7 +100,8 @@ async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResul
     except Exception as exc:  # noqa: BLE001 - every refusal becomes a TokenError
         raise TokenError.of(job.request_id, exc) from None
     finally:
-        host.touch(spec.name)
+        if not job.if_loaded:
+            host.touch(spec.name)
     if job.op == "detokenize":
         return TokenResult(text=answer, load_seconds=waited)
     return TokenResult(answer.ids, answer.pieces, load_seconds=waited)

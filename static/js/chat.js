@@ -375,20 +375,52 @@
     return tokens >= 32 ? Math.min(6, Math.max(1.5, chars / tokens)) : 3;
   }
 
-  /* The composer's token counter. Exact for what was measured (the last answer's prompt and
-     output tokens), estimated for the rest: labelled "≈". The web process has no tokenizer. */
-  function updateCounter() {
-    const text = els.prompt.value;
-    const limit = data.max_content_chars;
-    if (text.length > limit) {
-      els.counter.textContent = "This message has " + F.number(text.length) + " characters; the most is " +
-        F.number(limit) + ". Shorten it or send it in parts (nothing was cut).";
-      els.counter.className = "counter counter-over";
-      els.send.disabled = true;
-      return;
-    }
-    els.send.disabled = false;
+  /* The composer's token counter. The appliance counts what a send would read now (the system
+     prompt, the turns the window keeps, this message, through the model's template) with the
+     model's own tokenizer, a moment after the typing stops: "412 / 8,192 tokens". It counts
+     only on a model that is loaded (counting never loads one); until a count is in, and when
+     there is none, the counter shows an estimate marked "≈": the last count plus the text
+     typed since, or what earlier answers measured. */
+  const COUNT_AFTER_MS = 400;
+  let countSeq = 0; // numbers the asks: only the latest one's reply is shown
+  let countAsked = null; // what the latest ask was for
+  let counted = null; // the latest reply, with what it was for; tokens null: not counted
+  let countTimer = null;
+
+  function composerState() {
+    return { conversation: conversationId, content: els.prompt.value,
+      model: els.model.value || null, system: els.system.value };
+  }
+
+  function sameAsk(a, b, withContent) {
+    return Boolean(a && b) && a.conversation === b.conversation && a.model === b.model &&
+      a.system === b.system && (!withContent || a.content === b.content);
+  }
+
+  function askCount() {
+    clearTimeout(countTimer);
+    countTimer = setTimeout(() => {
+      if (streaming || !socket || socket.readyState !== WebSocket.OPEN) return;
+      const state = composerState();
+      if (state.content.length > data.max_content_chars) return;
+      countSeq += 1;
+      countAsked = Object.assign({ seq: countSeq }, state);
+      socket.send(JSON.stringify({ type: "count", seq: countSeq, conversation: state.conversation,
+        content: state.content, model: state.model, system_prompt: state.system }));
+    }, COUNT_AFTER_MS);
+  }
+
+  function onCount(frame) {
+    if (!countAsked || frame.seq !== countAsked.seq) return; // an older ask's
+    counted = Object.assign({}, countAsked, frame);
+    drawCounter();
+  }
+
+  function estimate(text) {
     const ratio = charsPerToken();
+    if (counted && counted.tokens !== null && sameAsk(counted, composerState(), false)) {
+      return Math.max(0, counted.tokens + Math.ceil((text.length - counted.content.length) / ratio));
+    }
     let base = 0;
     let i = views.length - 1;
     for (; i >= 0; i--) {
@@ -397,21 +429,50 @@
     }
     if (i < 0) base = Math.ceil(((els.system.value || "").length) / ratio);
     views.slice(i + 1).forEach((v) => { base += Math.ceil(v.message.content.length / ratio) + 8; });
-    const adding = text ? Math.ceil(text.length / ratio) + 8 : 0;
-    const total = base + adding;
-    const ctx = chosenContext();
+    return base + (text ? Math.ceil(text.length / ratio) + 8 : 0);
+  }
+
+  function updateCounter() {
+    drawCounter();
+    askCount();
+  }
+
+  function drawCounter() {
+    const text = els.prompt.value;
+    const limit = data.max_content_chars;
+    els.counter.title = "";
+    if (text.length > limit) {
+      els.counter.textContent = "This message has " + F.number(text.length) + " characters; the most is " +
+        F.number(limit) + ". Shorten it or send it in parts (nothing was cut).";
+      els.counter.className = "counter counter-over";
+      els.send.disabled = true;
+      return;
+    }
+    els.send.disabled = false;
+    const state = composerState();
+    const thisText = counted && sameAsk(counted, state, true);
+    const exact = thisText && counted.tokens !== null ? counted : null;
+    const ctx = (exact && exact.context) || chosenContext();
     if (!ctx) { els.counter.textContent = ""; els.counter.className = "counter"; return; }
-    let words = "≈ " + F.number(total) + " / " + F.number(ctx) + " tokens";
+    const total = exact ? exact.tokens : estimate(text);
+    let words = (exact ? "" : "≈ ") + F.number(total) + " / " + F.number(ctx) + " tokens";
     let kind = "";
-    if (adding >= ctx) {
-      words += ": this message alone is likely too long for the model's context";
+    if (total >= ctx) {
+      words += ": too long for the model's context; shorten it";
       kind = "over";
+    } else if (exact && exact.left_out) {
+      words += ": " + F.number(exact.left_out) + " earlier message" +
+        (exact.left_out === 1 ? " is" : "s are") + " left out to make room";
+      kind = "near";
     } else if (total > ctx * 0.75) {
       words += ": older turns will be left out to make room";
       kind = "near";
     }
     els.counter.textContent = words;
     els.counter.className = "counter" + (kind ? " counter-" + kind : "");
+    els.counter.title = exact ? "counted by the model's tokenizer" :
+      thisText ? "estimated: the model is not loaded, and counting never loads it" :
+      "estimated until the model's tokenizer has counted it";
   }
 
   function showConversation(frame) {
@@ -445,6 +506,7 @@
     socket.addEventListener("open", () => {
       reconnectDelay = 500;
       if (!streaming) setStatus("");
+      updateCounter(); // counting needs the socket
       // A reload (or a lost connection) mid-answer: pick the answer up where it is now.
       if (conversationId) sendFrame({ type: "attach", conversation: conversationId });
     });
@@ -500,6 +562,7 @@
         if (frame.id === conversationId) showBranch(frame.messages, frame.context_start);
         return;
       case "renamed": return onRenamed(frame);
+      case "count": return onCount(frame);
     }
   }
 

@@ -13,7 +13,7 @@ from inference.models import RequestRecord
 
 JOB_TASKS = [
     "inference.hash_model", "inference.download_model", "inference.scan_models_dir",
-    "inference.prune_request_history", "inference.unload_idle_models",
+    "inference.prune_request_history", "inference.unload_idle_models", "inference.prune_blobs",
 ]  # fmt: skip
 
 
@@ -26,7 +26,8 @@ def test_each_job_has_an_explicit_name_a_time_limit_and_the_jobs_queue(name):
 
 
 def test_database_tasks_retry_only_a_database_error_with_backoff():
-    for task in (tasks.hash_model, tasks.download_model, tasks.prune_request_history):
+    for task in (tasks.hash_model, tasks.download_model, tasks.prune_request_history,
+                 tasks.prune_blobs):
         assert task.autoretry_for == (OperationalError,)
         assert task.retry_backoff and task.max_retries == 5
 

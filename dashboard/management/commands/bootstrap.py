@@ -1,4 +1,5 @@
-"""First-run setup: the admin account and the models already on disk or in packages.
+"""First-run setup: the admin account, the models already on disk or in packages, and the
+removal of uploaded blobs no model was made of (inference.tasks.keep_blobs_pruned).
 
 No default password is ever used on the LAN: ADMIN_PASSWORD sets it, otherwise a random one is
 generated and printed once, on the run that creates the account.
@@ -23,6 +24,9 @@ class Command(BaseCommand):
             self.stdout.write(f"starter model: {model.name} ({model.file_path})")
         for model in scan_models_dir(schedule_hash):
             self.stdout.write(f"found model: {model.name} ({model.file_path})")
+        from inference.tasks import keep_blobs_pruned
+
+        keep_blobs_pruned()  # uploads no model was made of, left from before
 
     def ensure_admin(self) -> None:
         User = get_user_model()

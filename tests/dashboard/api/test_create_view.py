@@ -67,3 +67,25 @@ async def test_a_chat_key_may_not_upload_or_create(models_dir):
     body = {"model": "x", "from": "y"}
     assert (await client.post("/api/create", body, content_type=JSON,
                               headers=chat)).status_code == 403  # fmt: skip
+
+
+async def test_an_upload_sweeps_out_a_blob_left_unused_past_its_retention(
+    models_dir, tmp_path, settings
+):
+    import os
+    import time
+
+    from inference import blobs
+
+    settings.BLOB_RETENTION_HOURS = 1
+    client, admin = AsyncClient(), await headers_for("admin")
+    stale = await sync_to_async(blobs.blobs_dir)() / f"sha256-{'1' * 64}"
+    stale.write_bytes(b"GGUF old upload")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    data = tiny_gguf(tmp_path / "src" / "tiny.gguf").read_bytes()
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    response = await client.post(f"/api/blobs/{digest}", data, content_type=BLOB, headers=admin)
+    assert response.status_code == 201
+    assert not stale.exists()
+    assert (await client.head(f"/api/blobs/{digest}", headers=admin)).status_code == 200

@@ -228,6 +228,9 @@ def test_a_stream_cut_short_ends_incomplete_with_its_text(client):
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas and deltas == last.response.output_text
     assert last.response.usage.output_tokens == 3
+    # As against OpenAI (the README says so): this SDK keeps only response.completed as final.
+    with pytest.raises(RuntimeError, match="response.completed"):
+        stream.get_final_response()
 
 
 def test_thinking_comes_as_a_reasoning_item_streamed_and_not(client, thinking_model):

@@ -34,7 +34,9 @@ OPENAI_CASES = [
                              "json_schema": {"name": "x", "schema": {"not": {}}}}},
         "response_format.json_schema.schema",
     ),  # fmt: skip
-    ("logprobs", {"logprobs": True}, "logprobs"),
+    ("top_logprobs above 20", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("top_logprobs without logprobs", {"top_logprobs": 3}, "top_logprobs"),
+    ("logprobs as a number", {"logprobs": 5}, "logprobs"),
     ("a forced tool", {"tool_choice": "required"}, "tool_choice"),
     (
         "a content too long",
@@ -87,6 +89,8 @@ COMPLETION_CASES = [
     ("token ids", {"prompt": [1, 2, 3]}, "prompt"),
     ("echo", {"echo": True}, "echo"),
     ("best_of 3", {"best_of": 3}, "best_of"),
+    ("logprobs above 20", {"logprobs": 21}, "logprobs"),
+    ("logprobs negative", {"logprobs": -1}, "logprobs"),
     ("no prompt", {"prompt": None}, "prompt"),
 ]
 
@@ -112,6 +116,8 @@ OLLAMA_CASES = [
     ("format yaml", {"format": "yaml"}),
     ("a JSON schema the grammar cannot enforce", {"format": {"type": "integer", "maximum": 3}}),
     ("think", {"think": True}),
+    ("top_logprobs above 20", {"logprobs": True, "top_logprobs": 21}),
+    ("top_logprobs without logprobs", {"top_logprobs": 2}),
     ("a bad keep_alive", {"keep_alive": "soon"}),
     ("an unknown role", {"messages": [{"role": "wizard", "content": "x"}]}),
     ("an image", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),

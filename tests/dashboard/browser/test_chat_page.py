@@ -350,9 +350,42 @@ def test_a_message_over_the_limit_is_refused_whole_not_cut(browser, live_applian
     expect(page.locator("#send")).to_be_disabled()
     _shot(page, "oversize-phone")
     page.fill("#prompt", "Hello there")
-    expect(page.locator("#counter")).to_contain_text("≈")
+    expect(page.locator("#counter")).to_contain_text(re.compile(r"\d tokens"))
     expect(page.locator("#send")).to_be_enabled()
     page.context.close()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_token_counter_counts_on_a_loaded_model_and_estimates_otherwise(
+    browser, live_appliance, size
+):
+    name = "desktop" if size is DESKTOP else "phone"
+    raw = live_appliance.manage("create_api_key", f"counter-{name}", "--scope", "manage").strip()
+    auth = {"Authorization": f"Bearer {raw}"}
+    model = httpx.get(f"{live_appliance.url}/v1/models", headers=auth).json()["data"][0]["id"]
+
+    def keep_alive(value: int) -> None:  # an empty prompt loads (or with 0 unloads) the model
+        body = {"model": model, "prompt": "", "keep_alive": value, "stream": False}
+        httpx.post(f"{live_appliance.url}/api/generate", json=body, headers=auth, timeout=120)
+
+    keep_alive(0)
+    try:
+        page = _open(browser, live_appliance, size)
+        counter = page.locator("#counter")
+        page.fill("#prompt", "How often should I water a fern?")
+        # Not loaded: counting never loads it, so the estimate stays, marked and explained.
+        expect(counter).to_have_attribute("title", re.compile("not loaded"))
+        expect(counter).to_have_text(re.compile(r"^≈ \d+ / [\d,]+ tokens$"))
+        _shot(page, f"counter-estimate-{name}")
+        keep_alive(-1)
+        page.fill("#prompt", "How often should I water a fern in winter?")
+        expect(counter).to_have_attribute("title", re.compile("counted by the model"))
+        expect(counter).to_have_text(re.compile(r"^\d+ / [\d,]+ tokens$"))
+        _shot(page, f"counter-exact-{name}")
+        assert page.errors == []
+        page.context.close()
+    finally:
+        keep_alive(-1)
 
 
 def test_a_thinking_models_thoughts_are_shown_folded(browser, live_appliance, answers):

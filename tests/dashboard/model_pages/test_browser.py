@@ -91,3 +91,28 @@ def test_loading_the_starter_model_shows_it_loaded_with_what_it_took(page, appli
     expect(page.locator("#loaded-rows")).to_contain_text("smollm2-135m-instruct")
     page.screenshot(path=str(artifacts / "registry-models.png"), full_page=True)
     assert page.errors == []
+
+
+def test_a_derived_model_made_on_the_models_page_shows_its_own_settings(page, appliance):
+    page.goto(appliance + "/models/")
+    page.fill("#derive-form input[name=name]", "house-butler")
+    page.select_option("#derive-form select[name=base]", "smollm2-135m-instruct")
+    page.fill("#derive-form textarea[name=system]", "You are the butler of this house.")
+    page.fill("#derive-form input[name=temperature]", "0.3")
+    page.click("#derive-form button[type=submit]")
+    expect(page.locator(".flash")).to_contain_text("Made house-butler")
+    page.goto(appliance + "/models/house-butler/")
+    expect(page.locator("#derived-from")).to_contain_text("Derived from smollm2-135m-instruct")
+    expect(page.locator("#id_system_prompt")).to_have_value("You are the butler of this house.")
+    expect(page.locator("#id_sampling_temperature")).to_have_value("0.3")
+    expect(page.locator("#id_n_ctx")).to_have_count(0)  # its load settings are its base's
+    page.click("#derived-from a >> nth=0")
+    page.wait_for_url(appliance + "/models/smollm2-135m-instruct/")
+    page.go_back()
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    page.screenshot(path=str(artifacts / "registry-derived.png"), full_page=True)
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.screenshot(path=str(artifacts / "registry-derived-phone.png"), full_page=True)
+    page.set_viewport_size({"width": 1280, "height": 900})
+    assert page.errors == []

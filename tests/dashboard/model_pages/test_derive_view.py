@@ -49,6 +49,65 @@ def test_deleting_a_derived_model_from_its_page_keeps_the_base(staff, tiny_model
     assert LLMModel.objects.filter(pk=tiny_model.pk).exists()
 
 
-def test_a_derived_models_page_shows(staff, tiny_model, fake_engine):
-    staff.post(reverse("models-derive"), {"name": "cook", "base": tiny_model.name})
-    assert staff.get(reverse("model-detail", args=["cook"])).status_code == 200
+def derived(base, name: str = "cook", **fields) -> LLMModel:
+    from inference import creating
+
+    return creating.derive(base, name, **fields)
+
+
+def test_a_derived_models_page_shows_its_own_settings_and_links_its_base_for_the_rest(
+    staff, tiny_model, fake_engine
+):
+    tiny_model.default_params = {"temperature": 0.3}
+    tiny_model.save()
+    derived(tiny_model, system="You cook.", parameters={"top_k": 12},
+            messages=[{"role": "user", "content": "What is for dinner?"},
+                      {"role": "assistant", "content": "Soup."}])  # fmt: skip
+    response = staff.get(reverse("model-detail", args=["cook"]))
+    page = response.content.decode()
+    assert response.status_code == 200
+    base_url = reverse("model-detail", args=[tiny_model.name])
+    assert f'href="{base_url}"' in page and "load settings" in page
+    form = response.context["form"]
+    assert set(form.fields) >= {"system_prompt", "chat_template_override", "sampling_top_k"}
+    assert not set(form.fields) & {"n_ctx", "n_gpu_layers", "parallel", "kv_type", "keep_alive"}
+    assert "Memory" not in page and "Runner process" not in page
+    assert form["system_prompt"].value() == "You cook." and form["sampling_top_k"].value() == 12
+    # An empty field means the base's default, and says so.
+    temperature = form.fields["sampling_temperature"]
+    assert temperature.widget.attrs["placeholder"] == "0.3"
+    assert f"from {tiny_model.name}" in temperature.help_text
+    assert "What is for dinner?" in page and "Soup." in page  # its seed messages
+
+
+def test_staff_save_a_derived_models_own_settings_and_nothing_of_its_bases(
+    staff, tiny_model, fake_engine
+):
+    model = derived(tiny_model)
+    response = staff.post(reverse("model-detail", args=["cook"]), {
+        "system_prompt": "Short answers.", "chat_template_override": "",
+        "sampling_temperature": "0.4", "n_ctx": "300", "parallel": "1",
+    })  # fmt: skip
+    assert response.status_code == 302
+    assert flashes(response) == ["Settings of cook saved; they apply to its next answer."]
+    model.refresh_from_db()
+    tiny_model.refresh_from_db()
+    assert model.system_prompt == "Short answers." and model.default_params == {"temperature": 0.4}
+    assert (model.n_ctx, tiny_model.n_ctx) == (tiny_model.n_ctx, tiny_model.n_ctx)
+    assert spec_for(model) == spec_for(tiny_model)  # still loads as its base
+
+
+def test_a_bad_setting_of_a_derived_model_is_a_400_naming_it(staff, tiny_model, fake_engine):
+    derived(tiny_model)
+    response = staff.post(reverse("model-detail", args=["cook"]),
+                          {"system_prompt": "", "sampling_temperature": "9"})  # fmt: skip
+    assert response.status_code == 400
+    assert "sampling_temperature" in response.context["form"].errors
+
+
+def test_a_member_reads_a_derived_models_settings_without_a_form(
+    member_client, tiny_model, fake_engine
+):
+    derived(tiny_model, system="You cook.", parameters={"top_k": 12})
+    page = member_client.get(reverse("model-detail", args=["cook"])).content.decode()
+    assert "You cook." in page and "top_k 12" in page and 'id="settings-form"' not in page

@@ -12,11 +12,13 @@ The next token is a deterministic function of the sequence's KV, so a request ge
 whatever runs beside it, and a wrong KV (a bad trim, a wrong position) changes the output.
 """
 
+import math
 import threading
 import time
 from collections import defaultdict
 
 from inference.engine.engine import Engine
+from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.generation import GenerationRequest
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
@@ -70,6 +72,7 @@ class FakeRunner:
         self.fail_for: set[str] = set()  # request ids whose step raises, as a decode error would
         self.fail_trim = False  # trim() raises: a bug in the engine's own machinery
         self.gate: threading.Event | None = None  # when set up, execute() waits for it
+        self.logprobs_asked: list[str] = []  # request ids, one per logprobs() call
         self.executing = threading.Event()  # set while execute() runs
 
         self.kv: dict[int, list[int]] = defaultdict(list)
@@ -180,6 +183,16 @@ class FakeRunner:
             self._violation(f"{used} KV cells used > n_ctx {self.n_ctx}")
         self.steps.append(record)
         return sampled
+
+    def logprobs(self, request: Request, token: int) -> StepLogprobs:
+        """The fake model's distribution: the sampled token at 1/2, the next ids at 1/4, 1/8..."""
+        self.logprobs_asked.append(request.id)
+
+        def entry(rank: int) -> TokenLogprob:
+            token_id = (token + rank) % self.n_vocab
+            return TokenLogprob(token_id, self.piece(token_id), -(rank + 1) * math.log(2))
+
+        return StepLogprobs(entry(0), tuple(entry(rank) for rank in range(request.params.logprobs)))
 
     def _violation(self, message: str) -> None:
         self.violations.append(message)

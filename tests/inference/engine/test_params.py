@@ -5,6 +5,7 @@ import pytest
 from inference.engine.params import (
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
+    MAX_TOP_LOGPROBS,
     SEED_LIMIT,
     InvalidParams,
     SamplingParams,
@@ -21,11 +22,13 @@ OUT_OF_RANGE = [
     ("repeat_last_n", -2), ("repeat_last_n", (1 << 16) + 1),
     ("max_tokens", 0), ("max_tokens", -5), ("max_tokens", (1 << 20) + 1),
     ("seed", -1), ("seed", SEED_LIMIT + 1),
+    ("logprobs", -1), ("logprobs", MAX_TOP_LOGPROBS + 1),
 ]  # fmt: skip
 FLOAT_FIELDS = [
     "temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
 ]  # fmt: skip
-INT_FIELDS = ["top_k", "repeat_last_n", "max_tokens", "seed"]
+INT_FIELDS = ["top_k", "repeat_last_n", "max_tokens", "seed", "logprobs"]
+OPTIONAL = {"seed", "logprobs"}  # None: not set (a fresh random seed; no logprobs)
 
 
 def test_the_defaults_are_valid():
@@ -47,7 +50,7 @@ WRONG_TYPES = [
     (name, value)
     for name in FLOAT_FIELDS + INT_FIELDS
     for value in (True, False, "1", None, [1])
-    if (name, value) != ("seed", None)  # None is the seed's default: a fresh random seed
+    if not (name in OPTIONAL and value is None)
 ]
 
 
@@ -78,7 +81,9 @@ def test_the_bounds_themselves_are_accepted():
     params = SamplingParams(
         temperature=0.0, top_p=1.0, min_p=0.0, top_k=0, repeat_last_n=-1, max_tokens=1,
         seed=SEED_LIMIT, presence_penalty=-2.0, frequency_penalty=2.0, repeat_penalty=5.0,
+        logprobs=MAX_TOP_LOGPROBS,
     )  # fmt: skip
+    assert SamplingParams(logprobs=0).logprobs == 0  # the sampled token's alone
     assert params.greedy
     assert params.uses_penalties
 

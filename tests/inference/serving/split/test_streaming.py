@@ -44,6 +44,21 @@ async def test_a_real_answer_streams_from_the_worker_token_by_token(
     assert [p["phase"] for p in figures["timeline"]][-1] == "decode"
 
 
+async def test_log_probabilities_come_from_the_worker_as_the_engine_made_them(
+    split_client, spec, shared_worker
+):
+    asked = GenerationRequest(short().prompt, SamplingParams(max_tokens=6, temperature=0.0,
+                                                             logprobs=3),
+                              model="smollm2-135m-instruct")  # fmt: skip
+    events = tokens(await collect(split_client, asked, spec))
+    assert events
+    for event in events:
+        chosen, top = event["logprobs"]["chosen"], event["logprobs"]["top"]
+        assert chosen["token_id"] == event["token_id"] == top[0]["token_id"]
+        assert bytes(chosen["piece"]) == event["text"].encode()  # bytes survive Redis
+        assert len(top) == 3 and all(t["logprob"] <= 0.0 for t in top)
+
+
 async def test_two_concurrent_streams_both_complete(split_client, spec, shared_worker):
     first, second = await asyncio.gather(
         collect(split_client, short("Name a colour."), spec),
