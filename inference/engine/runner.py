@@ -133,7 +133,7 @@ class LlamaRunner:
         self.threads = threads
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
-        self._sampled: list[tuple[str, int]] = []  # the last step's (request id, batch row)
+        self._sampled: dict[str, int] = {}  # the last step's sampled rows, by request id
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._closed = False
@@ -307,7 +307,7 @@ class LlamaRunner:
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
-        self._sampled = wanted
+        self._sampled = dict(wanted.values())
         sample = ll.llama_sampler_sample
         return [sample(self._samplers[rid], self.ctx, index)  # in the plan's order
                 for rid, index in (wanted[n] for n in sorted(wanted))]  # fmt: skip
@@ -322,7 +322,7 @@ class LlamaRunner:
         temperature (1 for greedy), normalised over the whole vocabulary (a log-softmax in
         float64), as Ollama reports it. Penalties, a grammar's mask and the top-k/top-p/min-p
         cuts are left out: they say what may be drawn, not how likely the model found it."""
-        row = next(index for rid, index in self._sampled if rid == request.id)
+        row = self._sampled[request.id]
         pointer = ll.llama_get_logits_ith(self.ctx, row)
         if not pointer:
             raise RuntimeError("llama.cpp kept no logits for this step")
