@@ -42,6 +42,7 @@ from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
+from inference.serving.announcement import WorkerAnnouncement
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
 from inference.serving.tokens import TokenError, TokenJob, TokenResult
 from inference.serving.worker_control import REPLY_PREFIX
@@ -372,6 +373,24 @@ class SplitClient:
         """Names of the inference workers whose heartbeat is current."""
         names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=100)
         return sorted(protocol.worker_from_key(key) for key in names)
+
+    def announcements(self) -> list[WorkerAnnouncement]:
+        """What every live inference worker announced (its models, load, free memory), by
+        worker name; a worker without a current heartbeat is left out, and so is a garbled
+        announcement (logged)."""
+        names = self.live_workers()
+        if not names:
+            return []
+        raw = self.redis.mget([protocol.announce_key(name) for name in names])
+        found = []
+        for name, value in zip(names, raw, strict=True):
+            if not value:
+                continue  # alive, but not announced yet (starting)
+            try:
+                found.append(WorkerAnnouncement.from_json(value))
+            except ValueError as exc:
+                log.warning("ignoring the announcement of %s: %s", name, exc)
+        return found
 
     def _control(self, command: dict, timeout: float) -> list[dict]:
         """(In a thread.) Broadcast a command; the answers of every worker that heard it."""
