@@ -349,6 +349,8 @@ class EngineHost:
                 "expires_in": expires,
                 "n_ctx": info.get("n_ctx"),
                 "ctx_per_seq": info.get("ctx_per_seq") or loaded.ctx_per_seq,
+                "parallel": getattr(loaded.spec.config, "parallel", 1),
+                "sha256": loaded.spec.sha256,
             })  # fmt: skip
         return rows
 
