@@ -18,8 +18,8 @@ prefix, then load):
 
 A model without a known digest (its hash job has not run yet) cannot be found by content: any
 worker may take it (its file path is the spec's, rule 3 then reads "by path"). With no worker
-announced at all (they are starting), the request goes to the shared queue, where the first
-worker up takes it: SplitClient's waiting rules apply there.
+announced (they are starting, or the only one vanished), the request goes to the shared queue,
+where the first worker up takes it: SplitClient's waiting rules apply there.
 """
 
 from collections.abc import Iterable
@@ -68,9 +68,6 @@ def route(
     conversation; `avoid`: workers not to choose (one that vanished with the request queued)."""
     workers = sorted((w for w in workers if w.worker not in avoid), key=lambda w: w.worker)
     if not workers:
-        if avoid:
-            raise NoRoute(f"no other inference worker is running to take {model.name}",
-                          kind=RefusalKind.UNAVAILABLE)  # fmt: skip
         return Route(None, shared_queue, SHARED_QUEUE)
     holders = [(w, m) for w in workers if (m := _loaded(w, model)) is not None]
     # 1.

@@ -121,11 +121,9 @@ def test_a_worker_to_avoid_is_not_chosen_even_for_its_conversation():
     assert (chosen.worker, chosen.reason) == ("b", CAN_LOAD)
 
 
-def test_with_every_worker_avoided_it_is_refused():
-    with pytest.raises(NoRoute) as refused:
-        go([box("a")], avoid=frozenset({"a"}))
-    assert refused.value.kind == RefusalKind.UNAVAILABLE
-    assert "smollm2" in refused.value.message
+def test_with_every_worker_avoided_it_waits_in_the_shared_queue_for_one_to_start():
+    chosen = go([box("a")], avoid=frozenset({"a"}))
+    assert (chosen.worker, chosen.reason) == (None, SHARED_QUEUE)
 
 
 def test_no_worker_with_a_copy_is_refused_naming_the_model_and_the_workers():
