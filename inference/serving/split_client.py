@@ -495,20 +495,22 @@ class SplitClient:
             raise WorkerError(message, kind=RefusalKind(kinds.pop()))
         raise WorkerError(message)
 
-    async def load(self, spec: ModelSpec) -> None:
-        """Load the model on the one worker the router chooses (inference.serving.routing): the
-        worker that has it loaded already (its load is a no-op, or a reload for a larger
-        context), else one with the file and room, else a second copy when every copy is full
-        and requests wait; with none announced yet, on every worker. Raises if it could not."""
-        try:
-            chosen = await asyncio.to_thread(self.choose, Wanted(spec.name, spec.sha256))
-        except NoRoute as exc:
-            raise WorkerError(exc.message, kind=exc.kind) from None
-        except redis.RedisError as exc:
-            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
+    async def load(self, spec: ModelSpec, *, worker: str | None = None) -> None:
+        """Load the model on one worker: `worker` if named (a box chosen on the dashboard),
+        else the router's choice (inference.serving.routing): the worker that has it loaded
+        already (its load is a no-op, or a reload for a larger context), else one with the
+        file and room, else a second copy when every copy is full and requests wait; with none
+        announced yet, on every worker. Raises if it could not."""
+        if worker is None:
+            try:
+                worker = (await asyncio.to_thread(self.choose, Wanted(spec.name, spec.sha256))).worker
+            except NoRoute as exc:
+                raise WorkerError(exc.message, kind=exc.kind) from None
+            except redis.RedisError as exc:
+                raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
         command = {"op": "load", "spec": spec.to_wire()}
-        if chosen.worker is not None:
-            command["worker"] = chosen.worker
+        if worker is not None:
+            command["worker"] = worker
         answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
         self._raise_failures(answers)
 
