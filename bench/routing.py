@@ -101,8 +101,15 @@ async def _conversation(client, spec, c: int, turns: int, max_tokens: int) -> li
                 final = event
         if final["type"] != "done":
             raise RuntimeError(f"conversation {c} turn {n}: {final}")
-        rows.append({"turn": n, "ttft": ttft, "cached": final["figures"].get("cached_tokens", 0),
-                     "worker": final["route"]["worker"], "reason": final["route"]["reason"]})
+        rows.append(
+            {
+                "turn": n,
+                "ttft": ttft,
+                "cached": final["figures"].get("cached_tokens", 0),
+                "worker": final["route"]["worker"],
+                "reason": final["route"]["reason"],
+            }
+        )
         history = request.prompt + final["text"] + "<|im_end|>\n"
     return rows
 
@@ -160,8 +167,13 @@ async def main() -> None:
     from inference.starter import starter_model_path
 
     path = starter_model_path()
-    config = RunnerConfig(str(path), ctx_per_seq=1024, parallel=4,
-                          cache_slots=max(4, args.conversations), n_threads=args.threads)
+    config = RunnerConfig(
+        str(path),
+        ctx_per_seq=1024,
+        parallel=4,
+        cache_slots=max(4, args.conversations),
+        n_threads=args.threads,
+    )
     spec = ModelSpec("smollm2-135m-instruct", config, keep_alive=-1, sha256=_sha256(str(path)))
     workdir = Path(tempfile.mkdtemp(prefix="bench-routing-"))
     results = []

@@ -48,8 +48,8 @@ from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
 from inference.serving.announcement import WorkerAnnouncement
-from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
+from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.tokens import TokenError, TokenJob, TokenResult
 from inference.serving.worker_control import REPLY_PREFIX
 
@@ -503,7 +503,8 @@ class SplitClient:
         announced yet, on every worker. Raises if it could not."""
         if worker is None:
             try:
-                worker = (await asyncio.to_thread(self.choose, Wanted(spec.name, spec.sha256))).worker
+                wanted = Wanted(spec.name, spec.sha256)
+                worker = (await asyncio.to_thread(self.choose, wanted)).worker
             except NoRoute as exc:
                 raise WorkerError(exc.message, kind=exc.kind) from None
             except redis.RedisError as exc:

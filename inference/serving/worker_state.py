@@ -21,10 +21,10 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import socket
 import threading
 import time
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -370,5 +370,6 @@ class WorkerRuntime:
             return  # addressed to another worker (a load goes to the one the router chose)
         threading.Thread(
             target=execute_control, args=(self.host, self.name, self.redis, command),
-            kwargs={"resolve": self.local_spec, "announce": self._announce}, name=f"control-{self.name}", daemon=True,
+            kwargs={"resolve": self.local_spec, "announce": self._announce},
+            name=f"control-{self.name}", daemon=True,
         ).start()  # fmt: skip
