@@ -105,7 +105,7 @@ async def test_every_later_turn_goes_to_the_worker_that_served_the_first_with_ca
 
     conversations = await asyncio.gather(*(
         converse(split_client, one_thread, f"conversation-{n}",
-                 ["Name a fruit.", "Name another.", "And a third?"])
+                 [f"Name {n + 2} fruits.", "Name another.", "And a third?"])
         for n in range(4)
     ))  # fmt: skip
 
