@@ -423,7 +423,8 @@ class SplitClient:
 
     def live_workers(self) -> list[str]:
         """Names of the inference workers whose heartbeat is current."""
-        names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=100)
+        # One SCAN pass over the database per request: large batches, few round trips.
+        names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=1000)
         return sorted(protocol.worker_from_key(key) for key in names)
 
     def announcements(self) -> list[WorkerAnnouncement]:
