@@ -6,6 +6,12 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
 
     appliance:worker:<name>:alive     the worker's instance id, TTL HEARTBEAT_TTL_S
     appliance:worker:<name>:snapshot  its latest inference.serving.feed.worker_snapshot() as JSON
+    appliance:worker:<name>:announce  its WorkerAnnouncement (inference.serving.announcement) as
+                                      JSON, TTL ANNOUNCE_TTL_S, rewritten every heartbeat
+    appliance:affinity:<cache key>    the worker that last claimed a request of this
+                                      conversation (TTL AFFINITY_TTL_S): its KV is there
+    appliance:req:<id>:claimed        the instance that took the request (SET NX): a copy routed
+                                      again after its worker vanished runs only once
     appliance:req:<id>:started        set when the request's first token went out
     appliance:req:<id>:closed         nobody waits for this request any more: never run it
     appliance:cancel                  pub/sub: a request id to cancel, heard by every worker
@@ -24,13 +30,18 @@ import redis
 
 from inference.engine.generation import MAX_ID_CHARS, PRIORITIES, Priority
 
-QUEUE = "inference"  # the Celery queue of "inference.generate"
+QUEUE = "inference"  # the shared Celery queue of "inference.generate" (and embed, tokenize)
 
 PREFIX = "appliance"
 
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 3.0  # a worker silent this long is gone
 SNAPSHOT_TTL_S = 5.0
+# An announcement outlives a slow reading (a runner busy loading); whether its worker is alive
+# is the heartbeat's to say.
+ANNOUNCE_TTL_S = 5.0
+# A conversation's worker is remembered as long as its prefix cache plausibly keeps its turn.
+AFFINITY_TTL_S = 3600
 # Request marks outlive the broker's visibility timeout (1 h), after which Celery redelivers a
 # task whose worker died: the mark must still be there to stop it from running twice.
 REQUEST_MARK_TTL_S = 2 * 3600
@@ -49,16 +60,35 @@ def snapshot_key(worker: str) -> str:
     return f"{PREFIX}:worker:{worker}:snapshot"
 
 
+def announce_key(worker: str) -> str:
+    return f"{PREFIX}:worker:{worker}:announce"
+
+
+def worker_queue(worker: str) -> str:
+    """The Celery queue only this worker consumes (besides the shared QUEUE): the router sends
+    a request here to choose its worker."""
+    return f"{QUEUE}.{worker}"
+
+
+def affinity_key(cache_key: str) -> str:
+    return f"{PREFIX}:affinity:{cache_key}"
+
+
 def worker_from_key(key: str) -> str:
     """The worker name inside an "appliance:worker:<name>:<what>" key."""
     return key[len(f"{PREFIX}:worker:") : key.rindex(":")]
 
 
 ALIVE_PATTERN = f"{PREFIX}:worker:*:alive"
+ANNOUNCE_PATTERN = f"{PREFIX}:worker:*:announce"
 
 
 def started_key(request_id: str) -> str:
     return f"{PREFIX}:req:{request_id}:started"
+
+
+def claimed_key(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}:claimed"
 
 
 def closed_key(request_id: str) -> str:
