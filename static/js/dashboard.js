@@ -480,6 +480,98 @@
     });
   }
 
+  // --- the boxes: one card per inference worker ------------------------------------------------
+
+  // panels.box (dashboard/web/boxes.py): the worker's host, models by the registry's names
+  // (loaded first), its load, free memory and runners.
+  function boxCard(box, runnersFaulty) {
+    const card = document.createElement("article");
+    card.className = "box";
+    card.setAttribute("aria-label", "box " + box.worker);
+    const head = document.createElement("div");
+    head.className = "box-head";
+    const title = document.createElement("h3");
+    title.textContent = box.worker;
+    const host = document.createElement("span");
+    host.className = "muted";
+    host.textContent = box.host ? "on " + box.host : "";
+    const state = document.createElement("span");
+    state.className = "box-state" + (runnersFaulty ? " bad" : box.state.startsWith("loading") ? " busy" : "");
+    state.textContent = box.state;
+    head.append(title, host, state);
+
+    const figures = document.createElement("p");
+    figures.className = "box-figures";
+    const figure = (label, value) => {
+      const span = document.createElement("span");
+      const b = document.createElement("b");
+      b.textContent = value;
+      span.append(b, " " + label);
+      figures.append(span);
+    };
+    figure("answering", String(box.running));
+    figure("waiting", String(box.queue_depth));
+    const loaded = box.models.filter((m) => m.loaded);
+    const free = loaded.reduce((acc, m) => acc + (m.slots_free || 0), 0);
+    const total = loaded.reduce((acc, m) => acc + (m.slots_total || 0), 0);
+    if (total) figure("slots free", free + " / " + total);
+    figure("RAM free", bytes(box.ram_free_bytes));
+    if (!none(box.vram_free_bytes)) figure("VRAM free", bytes(box.vram_free_bytes));
+
+    const list = document.createElement("ul");
+    list.className = "box-models";
+    if (!box.models.length) {
+      const li = document.createElement("li");
+      li.className = "muted";
+      li.textContent = "no model file on this box";
+      list.append(li);
+    }
+    const runners = new Map((box.runners || []).map((r) => [r.model, r.state]));
+    [...loaded, ...box.models.filter((m) => !m.loaded)].forEach((m) => {
+      const li = document.createElement("li");
+      if (m.loaded) li.className = "is-loaded";
+      const name = document.createElement("span");
+      name.className = "model-name";
+      name.textContent = m.name;
+      if (m.sha256) name.title = "sha256 " + m.sha256;
+      const where = document.createElement("span");
+      where.className = "model-where";
+      const runner = runners.get(m.name);
+      if (m.loaded) {
+        const parts = ["loaded"];
+        if (m.n_ctx) parts.push(m.n_ctx + " ctx");
+        if (m.slots_total) parts.push(m.slots_free + "/" + m.slots_total + " slots free");
+        where.textContent = parts.join(" · ");
+      } else {
+        where.textContent = runner && FAULTY.has(runner) ? "runner " + runner : "on disk";
+      }
+      li.append(name, where);
+      list.append(li);
+    });
+    card.append(head, figures, list);
+    return card;
+  }
+
+  function drawBoxes(all) {
+    const box = $("boxes");
+    box.replaceChildren();
+    const boxes = all.map((p) => p.box).filter(Boolean);
+    if (!boxes.length) {
+      const p = document.createElement("p");
+      p.className = "muted";
+      p.textContent = all.length ? "the boxes are not known yet" : "no inference worker reporting";
+      box.append(p);
+      text("boxes-summary", config.mode === "split" ? "no inference worker reporting" : "one box: this one");
+      return;
+    }
+    boxes.sort((a, b) => a.worker.localeCompare(b.worker)).forEach((b) =>
+      box.append(boxCard(b, (b.runners || []).some((r) => r.state === "backing off" || r.state === "failed"))));
+    const loadedOn = boxes.filter((b) => b.models.some((m) => m.loaded)).length;
+    text("boxes-summary", config.mode === "split"
+      ? count(boxes.length, "inference worker") + " · " + loadedOn + " with a model loaded"
+      : "one box: this one");
+  }
+
   // --- the streams answering now -----------------------------------------------------------
 
   // A share's name: the consumer sends the names of the ids it saw (panels.apps); an id it
@@ -626,6 +718,7 @@
     if (!a.count) {
       text("workers", "no worker reporting");
       text("loaded", "no model loaded");
+      drawBoxes([]);
       resetTiles();
       return;
     }
@@ -636,6 +729,7 @@
     const loading = a.panels.map((p) => p.loading).filter(Boolean);
     text("loaded", (loaded.length ? "loaded: " + loaded.join(", ") : "no model loaded") +
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
+    drawBoxes(a.panels);
     drawMemory(a.panels, totals);
     drawRunners();
     drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1, a.apps);
