@@ -37,9 +37,11 @@ def record_request(
     outcome: str,
     error: str = "",
     accepted_wall: float | None = None,
+    route: dict | None = None,
 ) -> RequestRecord:
     """Save one request's figures. `accepted_wall` (epoch seconds, the request's) lets the
-    dashboard put every request's timeline on one time axis."""
+    dashboard put every request's timeline on one time axis; `route` ({"worker", "reason"},
+    split mode's final events carry it) says which inference worker answered and why."""
     figures = dict(figures or {})
     if accepted_wall is not None:
         figures["accepted_wall"] = accepted_wall
@@ -51,6 +53,7 @@ def record_request(
         outcome=outcome[:16],
         figures=figures,
         error=error,
+        route=route,
     )
     record.save()
     _maybe_prune()
@@ -84,6 +87,7 @@ def record_answer(
     record_request(
         request_id=request.request_id, model_name=request.model, source=source, client=client,
         outcome=outcome, figures=figures, error=error, accepted_wall=request.arrived_wall,
+        route=(final or {}).get("route"),
     )  # fmt: skip
     return outcome, error, figures
 
@@ -144,6 +148,8 @@ def recent_requests(limit: int = 50) -> list[dict]:
             "itl_p95": record.itl_p95,
             "itl_p99": record.itl_p99,
             "total_time": record.total_time,
+            "worker": record.worker,
+            "route": record.route,
             "timeline": _timeline(figures.get("timeline")),
         })  # fmt: skip
     return rows

@@ -201,16 +201,24 @@ class RequestRecord(models.Model):
     itl_max = models.FloatField(null=True)
     total_time = models.FloatField(null=True)
     figures = models.JSONField(default=dict)
+    # Split mode: the inference worker that answered, and why the router chose it
+    # (inference.serving.routing's reasons); blank when embedded.
+    worker = models.CharField(max_length=200, blank=True)
+    route = models.CharField(max_length=32, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
 
     @classmethod
-    def from_figures(cls, *, request_id, model_name, source, client, outcome, figures, error=""):
+    def from_figures(
+        cls, *, request_id, model_name, source, client, outcome, figures, error="", route=None
+    ):
         itl = figures.get("itl") or {}
+        route = route or {}
         return cls(
             request_id=request_id, model_name=model_name, source=source, client=client,
             outcome=outcome, error=error, figures=figures,
+            worker=str(route.get("worker") or "")[:200], route=str(route.get("reason") or "")[:32],
             prompt_tokens=figures.get("prompt_tokens") or 0,
             cached_tokens=figures.get("cached_tokens") or 0,
             output_tokens=figures.get("output_tokens") or 0,

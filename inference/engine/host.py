@@ -50,6 +50,10 @@ class ModelSpec:
     # The context per sequence this request needs (Ollama's num_ctx; 0: whatever is loaded).
     # A loaded engine with less is reloaded with it; a load without one gets max(config's, this).
     min_ctx: int = 0
+    # The file's content digest (the catalog's): an inference worker on another box finds its
+    # own copy by it (inference.serving.model_index) and uses config.model_path only while the
+    # digest is unknown. "": not hashed yet.
+    sha256: str = ""
 
     @property
     def needed_ctx(self) -> int:
@@ -58,14 +62,18 @@ class ModelSpec:
     def to_wire(self) -> dict:
         """As JSON (split mode): an inference worker on another box needs no database."""
         return {"name": self.name, "keep_alive": self.keep_alive,
-                "config": dataclasses.asdict(self.config), "min_ctx": self.min_ctx}  # fmt: skip
+                "config": dataclasses.asdict(self.config), "min_ctx": self.min_ctx,
+                "sha256": self.sha256}  # fmt: skip
 
     @classmethod
     def from_wire(cls, data: dict) -> "ModelSpec":
         from inference.engine.runner_config import RunnerConfig  # plain data, no llama_cpp
 
+        sha256 = data.get("sha256") or ""
+        if not isinstance(sha256, str) or len(sha256) not in (0, 64):
+            raise ValueError("sha256 must be a hex digest")
         return cls(data["name"], RunnerConfig(**data["config"]), data["keep_alive"],
-                   min_ctx=int(data.get("min_ctx") or 0))  # fmt: skip
+                   min_ctx=int(data.get("min_ctx") or 0), sha256=sha256.lower())  # fmt: skip
 
 
 class ServingEngine(Protocol):
@@ -341,6 +349,8 @@ class EngineHost:
                 "expires_in": expires,
                 "n_ctx": info.get("n_ctx"),
                 "ctx_per_seq": info.get("ctx_per_seq") or loaded.ctx_per_seq,
+                "parallel": getattr(loaded.spec.config, "parallel", 1),
+                "sha256": loaded.spec.sha256,
             })  # fmt: skip
         return rows
 

@@ -2,16 +2,21 @@
 inference.serving.worker. The same interface as inference.serving.client.EmbeddedClient.
 
 A request, step by step:
-1. Make a reply channel on the channel layer and publish the Celery task "inference.generate"
-   (queue "inference") with the request (GenerationRequest.to_wire), the model's spec and the
-   reply channel. Publishing
-   blocks, so it runs in a thread, with short connect timeouts and a capped retry: an
-   unreachable Redis is one "unavailable" error event within seconds.
+1. Make a reply channel on the channel layer, choose the worker (inference.serving.routing, from
+   the workers' announcements and the worker that served the conversation, by its cache key)
+   and publish the Celery task "inference.generate" to that worker's own queue with the
+   request (GenerationRequest.to_wire), the model's spec and the reply channel; with no worker
+   announced, to the shared queue "inference". A model no worker can take is refused here, with
+   the router's reason. Publishing blocks, so it runs in a thread, with short connect timeouts
+   and a capped retry: an unreachable Redis is one "unavailable" error event within seconds.
 2. Relay the events that arrive on the reply channel until done or error. The worker's first
    message, "claimed", names it; from then on the client watches that worker's heartbeat, and a
    heartbeat that stops is an error event within seconds. Before a claim the request may wait
-   in the queue as long as some worker is alive (they are busy), up to QUEUE_WAIT_S; with no
-   worker alive for WORKER_WAIT_S it is an error ("no inference worker is running").
+   in the queue as long as its worker is alive (busy), up to QUEUE_WAIT_S; if the chosen worker's
+   heartbeat stops first, the request is routed again, avoiding it (the copy left in the dead
+   worker's queue never runs: a request is claimed once); with no worker alive for
+   WORKER_WAIT_S it is an error ("no inference worker is running"). The final event carries
+   "route": {"worker", "reason"}, which the request history records.
 3. Leaving early (the consumer went away, a stop, a client-side error) marks the request closed
    and publishes its id on appliance:cancel: the worker running it cancels it, and a worker
    that picks it from the queue later does not run it. A new priority (set_priority) goes the
@@ -30,7 +35,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 from channels.layers import channel_layers
@@ -43,6 +48,7 @@ from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
 from inference.serving.announcement import WorkerAnnouncement
+from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
 from inference.serving.tokens import TokenError, TokenJob, TokenResult
 from inference.serving.worker_control import REPLY_PREFIX
@@ -92,10 +98,23 @@ class _Stream:
     """What the client knows about one request in flight."""
 
     request_id: str
+    task: str
+    payload: dict
+    model: Wanted
+    cache_key: str | None = None
+    route: Route | None = None  # where it was sent
+    avoid: set[str] = field(default_factory=set)  # workers that vanished with it queued
     worker: str | None = None  # who claimed it
     instance: str | None = None
     answered: bool = False  # the worker sent the final event
-    suspect: bool = False  # its heartbeat was missing once
+    suspect: bool = False  # its heartbeat (or, before a claim, its chosen worker's) was missing
+
+    @property
+    def route_record(self) -> dict:
+        """What the request history keeps of its route."""
+        chosen = self.route.worker if self.route else None
+        return {"worker": self.worker or chosen or "",
+                "reason": self.route.reason if self.route else ""}  # fmt: skip
 
 
 class SplitClient:
@@ -151,15 +170,42 @@ class SplitClient:
                 self._broker = connection.Pool(limit=BROKER_POOL_LIMIT)
             return self._broker
 
-    def _publish(self, payload: dict, request_id: str, task: str = "inference.generate") -> None:
+    def _publish(self, payload: dict, request_id: str, task: str, queue: str) -> None:
         from appliance.celery import app
 
         with self._broker_pool().acquire(block=True, timeout=PUBLISH_TIMEOUT_S) as connection:
             app.send_task(
-                task, args=[payload], task_id=request_id, queue=protocol.QUEUE,
+                task, args=[payload], task_id=request_id, queue=queue,
                 connection=connection, retry=True, retry_policy=PUBLISH_RETRY,
                 ignore_result=True,
             )  # fmt: skip
+
+    def choose(self, model: Wanted, cache_key: str | None = None,
+               avoid: frozenset[str] = frozenset()) -> Route:  # fmt: skip
+        """(In a thread.) The worker for a request of `model` (inference.serving.routing);
+        raises NoRoute when none can take it, redis.RedisError when Redis is out."""
+        affinity = self.redis.get(protocol.affinity_key(cache_key)) if cache_key else None
+        return route(self.announcements(), model, shared_queue=protocol.QUEUE,
+                     affinity=affinity, avoid=avoid)  # fmt: skip
+
+    def _dispatch(self, state: _Stream) -> None:
+        """(In a thread.) Route the request and publish it to the chosen worker's queue."""
+        state.route = self.choose(state.model, state.cache_key, frozenset(state.avoid))
+        state.suspect = False
+        log.info("%s -> %s (%s)", state.request_id, state.route.worker or state.route.queue,
+                 state.route.reason)  # fmt: skip
+        self._publish(state.payload, state.request_id, state.task, state.route.queue)
+
+    async def _send(self, state: _Stream) -> dict | None:
+        """Step 1 for any task: None once published, else the error event to end with."""
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self._dispatch, state), PUBLISH_TIMEOUT_S)
+        except NoRoute as exc:
+            return exc.refusal.event(state.request_id)
+        except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
+            log.warning("publishing %s failed: %s", state.request_id, exc)
+            return broker_unreachable(state.request_id, exc)
+        return None
 
     # --- 2. relaying -----------------------------------------------------------------------------
 
@@ -168,19 +214,16 @@ class SplitClient:
         layer = self._layer()
         reply = await layer.new_channel()
         payload = {"request": request.to_wire(), "spec": spec.to_wire(), "reply": reply}
-        state = _Stream(rid)
+        state = _Stream(rid, "inference.generate", payload, Wanted(spec.name, spec.sha256),
+                        cache_key=request.cache_key)  # fmt: skip
         self._streams[rid] = state
         published = False
         try:
-            try:
-                await asyncio.wait_for(
-                    asyncio.to_thread(self._publish, payload, rid), PUBLISH_TIMEOUT_S
-                )
-                published = True
-            except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
-                log.warning("publishing %s failed: %s", rid, exc)
-                published = isinstance(exc, TimeoutError)  # it may still go out: close it
-                yield broker_unreachable(rid, exc)
+            failure = await self._send(state)
+            # A timed-out publish may still go out: close it then too.
+            published = failure is None or failure.get("code") == "unavailable"
+            if failure is not None:
+                yield failure
                 return
             async for event in self._relay(layer, reply, state):
                 yield event
@@ -213,7 +256,7 @@ class SplitClient:
                         continue
                     if message.get("type") in FINAL:
                         state.answered = True
-                        yield message
+                        yield {**message, "route": state.route_record}
                         return
                     yield message
                     continue
@@ -250,8 +293,20 @@ class SplitClient:
 
     def _check(self, state: _Stream) -> tuple[dict | None, bool]:
         """(In a thread.) (an error event if the claiming worker is gone, whether any worker
-        is alive); before a claim only the second part is known."""
+        is alive). Before a claim, a request whose chosen worker vanished is routed again."""
         if state.worker is None:
+            chosen = state.route.worker if state.route else None
+            if chosen is not None and not self.redis.exists(protocol.alive_key(chosen)):
+                if not state.suspect:  # one more poll for a heartbeat delayed by a loaded box
+                    state.suspect = True
+                else:
+                    log.warning("worker %s vanished with %s queued; routing it again",
+                                chosen, state.request_id)  # fmt: skip
+                    state.avoid.add(chosen)
+                    try:
+                        self._dispatch(state)
+                    except NoRoute as exc:
+                        return exc.refusal.event(state.request_id), True
             return None, bool(self.live_workers())
         alive = self.redis.get(protocol.alive_key(state.worker)) == state.instance
         if alive:
@@ -272,7 +327,7 @@ class SplitClient:
         payload = {"job": job.to_dict(), "spec": spec.to_wire()}
         try:
             answer = await self._one_answer(
-                "inference.embed", payload, job.request_id, "embedding",
+                "inference.embed", payload, spec, job.request_id, "embedding",
                 "the embedding was not computed",
             )  # fmt: skip
         except _NoAnswer as exc:
@@ -295,7 +350,7 @@ class SplitClient:
         payload = {"job": job.to_dict(), "spec": spec.to_wire()}
         try:
             answer = await self._one_answer(
-                "inference.tokenize", payload, job.request_id, "tokens",
+                "inference.tokenize", payload, spec, job.request_id, "tokens",
                 "the tokens were not computed",
             )  # fmt: skip
         except _NoAnswer as exc:
@@ -303,22 +358,18 @@ class SplitClient:
         return TokenResult.from_dict(answer)
 
     async def _one_answer(
-        self, task: str, payload: dict, rid: str, key: str, unanswered: str
+        self, task: str, payload: dict, spec: ModelSpec, rid: str, key: str, unanswered: str
     ) -> dict:
         """Publish a task that is answered by one "done" message carrying `key` (steps 1 and 2)
         and return what it carries; raises _NoAnswer with the error event otherwise."""
         layer = self._layer()
         reply = await layer.new_channel()
-        state = _Stream(rid)
+        state = _Stream(rid, task, {**payload, "reply": reply}, Wanted(spec.name, spec.sha256))
         self._streams[rid] = state
         try:
-            try:
-                await asyncio.wait_for(
-                    asyncio.to_thread(self._publish, {**payload, "reply": reply}, rid, task),
-                    PUBLISH_TIMEOUT_S,
-                )
-            except Exception as exc:  # noqa: BLE001 - any publish failure: the broker is out
-                raise _NoAnswer(broker_unreachable(rid, exc)) from None
+            failure = await self._send(state)
+            if failure is not None:
+                raise _NoAnswer(failure)
             async for message in self._relay(layer, reply, state):
                 if message.get("type") == "done" and key in message:
                     return message[key]
@@ -393,10 +444,12 @@ class SplitClient:
         return found
 
     def _control(self, command: dict, timeout: float) -> list[dict]:
-        """(In a thread.) Broadcast a command; the answers of every worker that heard it."""
+        """(In a thread.) Broadcast a command; the answers of every worker that heard it, or of
+        the one worker it names ("worker")."""
         reply = f"{REPLY_PREFIX}{uuid.uuid4().hex}"
+        addressed = command.get("worker")
         try:
-            expected = set(self.live_workers())
+            expected = {addressed} if addressed else set(self.live_workers())
             heard = self.redis.publish(
                 protocol.control_channel(self.redis), json.dumps({**command, "reply": reply})
             )
@@ -404,6 +457,8 @@ class SplitClient:
             raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
         if not heard:
             raise NoWorker("no inference worker is running")
+        if addressed:
+            heard = 1  # the others hear it and keep silent
         answers: dict[str, dict] = {}
         deadline = time.monotonic() + timeout
         try:
@@ -441,8 +496,19 @@ class SplitClient:
         raise WorkerError(message)
 
     async def load(self, spec: ModelSpec) -> None:
-        """Load the model on every inference worker; raises if any could not."""
+        """Load the model on the one worker the router chooses (inference.serving.routing): the
+        worker that has it loaded already (its load is a no-op, or a reload for a larger
+        context), else one with the file and room, else a second copy when every copy is full
+        and requests wait; with none announced yet, on every worker. Raises if it could not."""
+        try:
+            chosen = await asyncio.to_thread(self.choose, Wanted(spec.name, spec.sha256))
+        except NoRoute as exc:
+            raise WorkerError(exc.message, kind=exc.kind) from None
+        except redis.RedisError as exc:
+            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
         command = {"op": "load", "spec": spec.to_wire()}
+        if chosen.worker is not None:
+            command["worker"] = chosen.worker
         answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
         self._raise_failures(answers)
 

@@ -7,9 +7,11 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
     appliance:worker:<name>:alive     the worker's instance id, TTL HEARTBEAT_TTL_S
     appliance:worker:<name>:snapshot  its latest inference.serving.feed.worker_snapshot() as JSON
     appliance:worker:<name>:announce  its WorkerAnnouncement (inference.serving.announcement) as
-                                      JSON, TTL HEARTBEAT_TTL_S, rewritten every heartbeat
+                                      JSON, TTL ANNOUNCE_TTL_S, rewritten every heartbeat
     appliance:affinity:<cache key>    the worker that last claimed a request of this
                                       conversation (TTL AFFINITY_TTL_S): its KV is there
+    appliance:req:<id>:claimed        the instance that took the request (SET NX): a copy routed
+                                      again after its worker vanished runs only once
     appliance:req:<id>:started        set when the request's first token went out
     appliance:req:<id>:closed         nobody waits for this request any more: never run it
     appliance:cancel                  pub/sub: a request id to cancel, heard by every worker
@@ -35,6 +37,9 @@ PREFIX = "appliance"
 HEARTBEAT_INTERVAL_S = 1.0
 HEARTBEAT_TTL_S = 3.0  # a worker silent this long is gone
 SNAPSHOT_TTL_S = 5.0
+# An announcement outlives a slow reading (a runner busy loading); whether its worker is alive
+# is the heartbeat's to say.
+ANNOUNCE_TTL_S = 5.0
 # A conversation's worker is remembered as long as its prefix cache plausibly keeps its turn.
 AFFINITY_TTL_S = 3600
 # Request marks outlive the broker's visibility timeout (1 h), after which Celery redelivers a
@@ -80,6 +85,10 @@ ANNOUNCE_PATTERN = f"{PREFIX}:worker:*:announce"
 
 def started_key(request_id: str) -> str:
     return f"{PREFIX}:req:{request_id}:started"
+
+
+def claimed_key(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}:claimed"
 
 
 def closed_key(request_id: str) -> str:

@@ -3,6 +3,10 @@ processes (split mode).
 
     celery -A appliance worker -Q inference -P threads -c 16 -n inference@%h
 
+It also consumes a queue of its own, "inference.<worker name>" (split_protocol.worker_queue),
+added at start: the split client's router (inference.serving.routing) sends a request there to
+choose its worker, from what each worker announces (worker_state).
+
 One process, one EngineHost (inference.serving.client.make_host) whose models each run in a
 runner process of this worker, exactly as in embedded mode. The threads pool lets many
 "inference.generate" tasks run at once: each one serves its request through the serving core
@@ -14,9 +18,13 @@ A task, step by step:
 1. Skip a request nobody waits for any more (the client gave up or cancelled while it queued),
    and refuse to run again a request whose first token already went out (a redelivery after
    its worker died: the client has reported that failure, and answering twice would be wrong).
-2. Send {"type": "claimed", "worker", "instance"} so the client knows whose heartbeat to watch.
-3. Serve it through the serving core (loading the model if needed) and forward every event;
-   the first token sets appliance:req:<id>:started.
+2. Claim it (appliance:req:<id>:claimed, SET NX): a copy the client routed again after the
+   worker it chose vanished is dropped by whichever worker comes second. Remember this worker
+   as the conversation's (its cache key), then send {"type": "claimed", "worker", "instance"}
+   so the client knows whose heartbeat to watch.
+3. Serve it through the serving core (loading the model if needed, from this box's own copy of
+   the file: WorkerRuntime.local_spec) and forward every event; the first token sets
+   appliance:req:<id>:started.
 4. Mark the request closed so that a late redelivery of this task does nothing.
 
 "inference.embed" (embeddings, inference.serving.embeds) and "inference.tokenize" (tokens,
@@ -46,7 +54,7 @@ from inference.serving.copies import COPY_TASK, CopyJob
 from inference.serving.core import serve as serve_generation
 from inference.serving.embeds import EmbedError, EmbedJob
 from inference.serving.embeds import embed as serve_embed
-from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event
+from inference.serving.split_protocol import QUEUE, cancelled_event, claimed_event, worker_queue
 from inference.serving.tokens import TokenError, TokenJob
 from inference.serving.tokens import tokens as serve_tokens
 from inference.serving.worker_state import WorkerRuntime
@@ -91,7 +99,8 @@ def _start_inference_worker(sender: str, instance, **kwargs) -> None:
         log.critical(problem)
         raise SystemExit(problem)  # Celery logs and swallows other exceptions from signals
     _node_name = sender
-    runtime()
+    # Its own queue besides the shared one, named after the worker: the router's choice.
+    instance.app.amqp.queues.select_add(worker_queue(runtime().name))
 
 
 @worker_shutdown.connect
@@ -153,10 +162,13 @@ async def _answer_once(
         return
     await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
     try:
+        spec = await asyncio.to_thread(rt.local_spec, spec)
         result = await compute(rt.host, job, spec)
         answer = {"type": "done", "request_id": rid, field: result.to_dict()}
     except refused as exc:
         answer = exc.event
+    except Refused as exc:  # no copy of the model on this box
+        answer = exc.refusal.event(rid)
     except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
         log.exception("%s failed", rid)
         answer = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
@@ -243,13 +255,20 @@ async def _serve(rt: WorkerRuntime, payload: dict, reply: str) -> None:
             rt.mark_closed(rid)
             return
         # 2.
+        if not await asyncio.to_thread(rt.claim, rid, request.cache_key):
+            log.info("%s: another worker took it first; not running it", rid)
+            return
         await layer.send(reply, claimed_event(rid, rt.name, rt.instance))
         try:
+            spec = await asyncio.to_thread(rt.local_spec, spec)
             await _answer(rt, running, request, spec, layer, reply)
         except Exception as exc:  # noqa: BLE001 - whatever broke, the client hears about it
-            log.exception("%s failed", rid)
-            try:
+            if isinstance(exc, Refused):  # no copy of the model on this box
+                failure = exc.refusal.event(rid)
+            else:
+                log.exception("%s failed", rid)
                 failure = error_event(rid, RefusalKind.UNAVAILABLE, f"the worker failed: {exc}")
+            try:
                 await layer.send(reply, failure)
             except Exception:  # noqa: BLE001 - Redis itself is gone: nobody can be told
                 log.warning("%s: could not report the failure", rid)

@@ -1,7 +1,8 @@
-"""Load and unload commands that reach every inference worker over Redis pub/sub.
+"""Load and unload commands that reach the inference workers over Redis pub/sub.
 
-Command (JSON on appliance:control):
-    {"op": "load", "spec": ModelSpec.to_wire(), "reply": "appliance:control:reply:<hex>"}
+Command (JSON on appliance:control); one with "worker": <name> is for that worker only:
+    {"op": "load", "spec": ModelSpec.to_wire(), "reply": "appliance:control:reply:<hex>",
+     "worker": <the router's choice>}
     {"op": "unload", "name": "<model>", "reply": ...}
 Each worker RPUSHes one answer onto the reply list:
     {"worker": name, "ok": true, "result": <bool for unload, true for load>}
@@ -10,6 +11,7 @@ Each worker RPUSHes one answer onto the reply list:
 
 import json
 import logging
+from collections.abc import Callable
 
 import redis
 
@@ -23,12 +25,19 @@ REPLY_PREFIX = f"{keys.PREFIX}:control:reply:"
 REPLY_TTL_S = 600  # a reply nobody collected (the asker gave up) does not stay forever
 
 
-def run_command(host: EngineHost, worker: str, command: dict) -> dict:
-    """Execute one command on this worker's host; every outcome is an answer, never a raise."""
+def _same(spec: ModelSpec) -> ModelSpec:
+    return spec
+
+
+def run_command(
+    host: EngineHost, worker: str, command: dict, resolve: Callable[[ModelSpec], ModelSpec] = _same
+) -> dict:
+    """Execute one command on this worker's host; every outcome is an answer, never a raise.
+    `resolve`: the spec with this box's own copy of the model (WorkerRuntime.local_spec)."""
     op = command.get("op")
     try:
         if op == "load":
-            host.load(ModelSpec.from_wire(command["spec"]))
+            host.load(resolve(ModelSpec.from_wire(command["spec"])))
             result = True
         elif op == "unload":
             name = command.get("name")
@@ -46,13 +55,16 @@ def run_command(host: EngineHost, worker: str, command: dict) -> dict:
     return {"worker": worker, "ok": True, "result": result}
 
 
-def execute_control(host: EngineHost, worker: str, client: redis.Redis, command: dict) -> None:
+def execute_control(
+    host: EngineHost, worker: str, client: redis.Redis, command: dict,
+    resolve: Callable[[ModelSpec], ModelSpec] = _same,
+) -> None:  # fmt: skip
     reply = command.get("reply")
     # Only reply lists of our own shape: a command must not make a worker write any other key.
     if not isinstance(reply, str) or not reply.startswith(REPLY_PREFIX) or len(reply) > 200:
         log.warning("ignoring a control command without a valid reply key")
         return
-    answer = run_command(host, worker, command)
+    answer = run_command(host, worker, command, resolve)
     try:
         with client.pipeline() as pipe:
             pipe.rpush(reply, json.dumps(answer))

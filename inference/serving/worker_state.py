@@ -4,6 +4,11 @@ it is answering, and the threads that make it visible and reachable from the web
 - heartbeat: SET appliance:worker:<name>:alive = <instance id> every second with a short TTL, so
   a client knows within seconds that the worker answering it died (a restarted worker with the
   same name has a new instance id, so it does not vouch for its predecessor's requests).
+- announcer: every heartbeat interval, the worker's WorkerAnnouncement (the models it can serve
+  by sha256, the loaded ones and their free slots, its load, its free memory) under
+  appliance:worker:<name>:announce, which the split client's router reads.
+- indexer: every INDEX_REFRESH_S, this box's model files by sha256 (inference.serving.model_index);
+  a request names its model by digest and runs on this box's own copy (`local_spec`).
 - telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.serving.feed) into a
   Redis key that SplitClient.snapshots() reads, and to the dashboards (feed.publish).
 - listener: pub/sub "appliance:cancel" (a request id), "appliance:priority" (a request's new
@@ -13,28 +18,45 @@ No database here: a worker on another box only has Redis and the model files.
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
+import socket
 import threading
 import time
+import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psutil
 import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
 from inference.engine.events import RequestHandle
 from inference.engine.generation import Priority
+from inference.engine.host import ModelSpec
+from inference.engine.refusals import RefusalKind, Refused
 from inference.serving import split_protocol as keys
+from inference.serving.announcement import LoadedModel, WorkerAnnouncement
 from inference.serving.feed import publish, worker_snapshot
 from inference.serving.hosting import make_host, make_supervisor
+from inference.serving.model_index import ModelIndex
 from inference.serving.worker_control import execute_control
+from inference.starter import packaged_models
+from inference.system import gpu_readings
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_REDIS_ERROR_S = 1.0
+INDEX_REFRESH_S = 30.0  # a model file copied onto the box is announced within this
+
+
+class NoCopy(Refused, LookupError):
+    """This box has no file with the model's sha256."""
+
+    kind = RefusalKind.UNAVAILABLE
 
 
 class Running:
@@ -79,7 +101,13 @@ class WorkerRuntime:
     def __init__(self, name: str, redis_url: str):
         self.name = name
         self.instance = uuid.uuid4().hex
+        self.queue = keys.worker_queue(name)
+        self.hostname = socket.gethostname()
         self.redis = keys.connect(redis_url)
+        self.index = ModelIndex(
+            [settings.MODELS_DIR], [path for _, path in packaged_models()],
+            cache_file=settings.DATA_DIR / "model-index.json",
+        )  # fmt: skip
         self.supervisor = make_supervisor()
         self.host = make_host(self.supervisor)
         self._running: dict[str, Running] = {}
@@ -94,6 +122,8 @@ class WorkerRuntime:
         self._beat()  # visible at once, before the first task can be claimed
         for target, label in (
             (self._heartbeat_loop, "heartbeat"),
+            (self._announce_loop, "announcer"),
+            (self._index_loop, "indexer"),
             (self._telemetry_loop, "telemetry"),
             (self._listen_loop, "cancel-listener"),
         ):
@@ -108,7 +138,8 @@ class WorkerRuntime:
         self._stop.set()
         try:
             if self.redis.get(keys.alive_key(self.name)) == self.instance:
-                self.redis.delete(keys.alive_key(self.name), keys.snapshot_key(self.name))
+                self.redis.delete(keys.alive_key(self.name), keys.snapshot_key(self.name),
+                                  keys.announce_key(self.name))  # fmt: skip
         except redis.RedisError as exc:
             log.warning("could not remove worker %s from Redis: %s", self.name, exc)
         for thread in self._threads:
@@ -153,6 +184,31 @@ class WorkerRuntime:
         with self._lock:
             return len(self._running)
 
+    def waiting_count(self) -> int:
+        """Requests taken but not in an engine yet (their model is loading)."""
+        with self._lock:
+            return sum(1 for running in self._running.values() if running.handle is None)
+
+    # --- models by content -----------------------------------------------------------------------
+
+    def local_spec(self, spec: ModelSpec) -> ModelSpec:
+        """`spec` with this box's own copy of its file, found by sha256; the spec's path only
+        when the digest is unknown (not hashed yet). Raises NoCopy when this box lacks it."""
+        if not spec.sha256:
+            return spec
+        path = self.index.path_for(spec.sha256)
+        if path is None:
+            self.index.refresh()  # a copy that arrived since the last pass
+            path = self.index.path_for(spec.sha256)
+        if path is None:
+            raise NoCopy(
+                f"inference worker {self.name} has no copy of {spec.name} "
+                f"(sha256 {spec.sha256[:12]}…) under {settings.MODELS_DIR}"
+            )
+        if path == spec.config.model_path:
+            return spec
+        return dataclasses.replace(spec, config=dataclasses.replace(spec.config, model_path=path))
+
     # --- request marks ---------------------------------------------------------------------------
 
     def marks(self, request_id: str) -> tuple[bool, bool]:
@@ -165,6 +221,18 @@ class WorkerRuntime:
 
     def mark_closed(self, request_id: str) -> None:
         self.redis.set(keys.closed_key(request_id), self.name, ex=keys.REQUEST_MARK_TTL_S)
+
+    def claim(self, request_id: str, cache_key: str | None) -> bool:
+        """Take the request; False when another copy of it was taken first (the client routed
+        it again after the worker it chose vanished). The conversation's worker becomes this
+        one: its next turn is routed here."""
+        claimed = self.redis.set(keys.claimed_key(request_id), self.instance, nx=True,
+                                 ex=keys.REQUEST_MARK_TTL_S)  # fmt: skip
+        if not claimed and self.redis.get(keys.claimed_key(request_id)) != self.instance:
+            return False
+        if cache_key:
+            self.redis.set(keys.affinity_key(cache_key), self.name, ex=keys.AFFINITY_TTL_S)
+        return True
 
     # --- threads ---------------------------------------------------------------------------------
 
@@ -179,6 +247,52 @@ class WorkerRuntime:
                 self._beat()
             except redis.RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+    def announcement(self) -> WorkerAnnouncement:
+        snapshots = self.host.snapshots()
+        loaded = []
+        for row in self.host.loaded():
+            engine = snapshots.get(row["name"]) or {}
+            slots = int(row.get("parallel") or 1)
+            running = int(engine.get("active_sequences") or 0)
+            loaded.append(LoadedModel(
+                name=row["name"], sha256=row.get("sha256") or "",
+                n_ctx=int(row.get("ctx_per_seq") or 0), slots_total=slots,
+                slots_free=max(0, slots - running), running=running,
+                waiting=int(engine.get("queue_depth") or 0),
+            ))  # fmt: skip
+        gpus = gpu_readings({os.getpid(), *self.supervisor.pids()})
+        return WorkerAnnouncement(
+            worker=self.name, instance=self.instance, host=self.hostname, queue=self.queue,
+            serves=self.index.served(), loaded=tuple(loaded),
+            queue_depth=self.waiting_count(), running=self.running_count(),
+            ram_free_bytes=psutil.virtual_memory().available,
+            vram_free_bytes=sum(g["total_bytes"] - g["used_bytes"] for g in gpus) if gpus
+            else None,
+            time=time.time(),
+        )  # fmt: skip
+
+    def _announce(self) -> None:
+        self.redis.set(keys.announce_key(self.name), self.announcement().to_json(),
+                       px=int(keys.ANNOUNCE_TTL_S * 1000))  # fmt: skip
+
+    def _announce_loop(self) -> None:
+        while True:
+            try:
+                self._announce()
+            except Exception as exc:  # noqa: BLE001 - a failed reading must not stop it
+                log.warning("announcing failed: %s", exc)
+            if self._stop.wait(keys.HEARTBEAT_INTERVAL_S):
+                return
+
+    def _index_loop(self) -> None:
+        while True:
+            try:
+                self.index.refresh()
+            except Exception:  # noqa: BLE001 - keep indexing
+                log.exception("indexing the model files failed")
+            if self._stop.wait(INDEX_REFRESH_S):
+                return
 
     def snapshot(self) -> dict:
         return worker_snapshot(self.host, self.name, mode="split", supervisor=self.supervisor)
@@ -241,7 +355,9 @@ class WorkerRuntime:
             return
         if not isinstance(command, dict):
             return
+        if command.get("worker") not in (None, self.name):
+            return  # addressed to another worker (a load goes to the one the router chose)
         threading.Thread(
             target=execute_control, args=(self.host, self.name, self.redis, command),
-            name=f"control-{self.name}", daemon=True,
+            kwargs={"resolve": self.local_spec}, name=f"control-{self.name}", daemon=True,
         ).start()  # fmt: skip
