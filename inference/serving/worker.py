@@ -204,7 +204,8 @@ def copy_model(payload: dict) -> None:
         log.error("dropping a malformed copy task: %s", exc)
         return
     rt = runtime()
-    copy_worker.copy_model(job, rt.name, rt.redis)
+    if copy_worker.copy_model(job, rt.name, rt.redis) is not None:
+        rt.index.refresh()  # announced at the next heartbeat, not the next index pass
 
 
 def _reply_channel(payload: object, task: str) -> str | None:

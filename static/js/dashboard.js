@@ -786,13 +786,31 @@
     return r.outcome;
   }
 
+  // Why the router sent a request to its box (inference/serving/routing.py's reasons).
+  const ROUTES = {
+    conversation: "its conversation's box: the KV of the earlier turns is there",
+    loaded: "the model was loaded there, and that box was the least busy",
+    "second copy": "every loaded copy was full, so this box loaded another",
+    "can load": "the box had the file and room to load it",
+    "by path": "the model's digest was not known yet: any box with its path",
+    "shared queue": "no box had announced itself: the first one free took it",
+  };
+  const ROUTE_WORDS = { conversation: "conversation", loaded: "least busy", "second copy": "second copy",
+    "can load": "had room", "by path": "by path", "shared queue": "first free" };
+
+  // The box that answered and, briefly, why: "inference@nas · conversation"; "–" embedded.
+  function boxOf(r) {
+    if (!r.worker) return "–";
+    return r.worker + (r.route ? " · " + (ROUTE_WORDS[r.route] || r.route) : "");
+  }
+
   function drawTable(list) {
     const body = $("requests");
     body.replaceChildren();
     if (!list.length) {
       const row = document.createElement("tr");
       const td = cell(row, "No requests yet. Send a chat message or call the API.", "muted");
-      td.colSpan = 13;
+      td.colSpan = 14;
       body.append(row);
       return;
     }
@@ -803,6 +821,8 @@
       cell(row, r.model);
       cell(row, r.source);
       cell(row, r.client);
+      const box = cell(row, boxOf(r), "box-col");
+      if (r.route) box.title = ROUTES[r.route] || r.route;
       const out = cell(row, outcome(r), "outcome");
       if (r.error) out.title = r.error;
       cell(row, r.prompt_tokens + (r.cached_tokens ? " · " + r.cached_tokens + " cached" : ""), "num");
@@ -836,7 +856,8 @@
         "; answered " + count(r.output_tokens, "token") + " (" + outcome(r) + ").",
       "queue " + ms(r.queue_time) + " · first token after " + ms(r.ttft) + " · prompt " + tps(r.prompt_tps) +
         " tok/s · writing " + tps(r.decode_tps) + " tok/s · total " + ms(r.total_time),
-      r.client + " · " + r.source + " · " + r.model + " · " + new Date(r.start * 1000).toLocaleTimeString(),
+      r.client + " · " + r.source + " · " + r.model + (r.worker ? " · answered by " + r.worker +
+        (r.route ? " (" + (ROUTES[r.route] || r.route) + ")" : "") : "") + " · " + new Date(r.start * 1000).toLocaleTimeString(),
     ];
     return lines;
   }
