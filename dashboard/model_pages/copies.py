@@ -16,6 +16,7 @@ import logging
 import os
 from typing import TypedDict
 
+import redis
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -56,7 +57,15 @@ def split_mode() -> bool:
 
 
 def announcements() -> list[WorkerAnnouncement]:
-    return get_client().announcements() if split_mode() else []
+    """The live workers' announcements; none when embedded, or when Redis does not answer
+    (the page still renders; a copy then says no worker is running)."""
+    if not split_mode():
+        return []
+    try:
+        return get_client().announcements()
+    except redis.RedisError as exc:
+        log.warning("cannot read the workers' announcements: %s", exc)
+        return []
 
 
 def copy_view(status: copies.CopyStatus) -> dict:
