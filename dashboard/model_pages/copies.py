@@ -131,8 +131,10 @@ def start_copy(model: LLMModel, worker: str, base_url: str) -> copies.CopyStatus
         model=model.name, sha256=weights.sha256, size_bytes=weights.size_bytes,
         filename=os.path.basename(weights.file_path), url=url, token=token,
     )  # fmt: skip
-    status = copies.write_status(client, weights.sha256, worker, "queued",
-                                 total=weights.size_bytes, message=f"waiting for {worker}")  # fmt: skip
+    status = copies.write_status(
+        client, weights.sha256, worker, "queued", total=weights.size_bytes,
+        message=f"waiting for {worker}",
+    )  # fmt: skip
     app.send_task(copies.COPY_TASK, args=[job.to_dict()], queue=worker_queue(worker),
                   retry=True, retry_policy=PUBLISH_RETRY, ignore_result=True)  # fmt: skip
     log.info("%s: copying %s to %s from %s", model.name, weights.sha256[:12], worker, url)

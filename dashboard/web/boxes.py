@@ -67,9 +67,11 @@ class _Readings:
                 return
             names: dict[str, list[str]] = {}
             here = []
-            for name, sha, path in LLMModel.objects.filter(base__isnull=True).order_by(
-                "name"
-            ).values_list("name", "sha256", "file_path"):
+            for name, sha, path in (
+                LLMModel.objects.filter(base__isnull=True)
+                .order_by("name")
+                .values_list("name", "sha256", "file_path")
+            ):
                 if sha:
                     names.setdefault(sha, []).append(name)
                 if os.path.isfile(path):
@@ -97,8 +99,8 @@ def name_of(sha256: str, names: dict[str, list[str]]) -> str:
 def _state(panels: dict) -> str:
     if panels.get("loading"):
         return f"loading {panels['loading']}"
-    failing = [r["model"] for r in panels.get("runners", []) if r["state"] in ("backing off",
-                                                                                "failed")]  # fmt: skip
+    runners = panels.get("runners", [])
+    failing = [r["model"] for r in runners if r["state"] in ("backing off", "failed")]
     if failing:
         return "refusing " + ", ".join(failing) + ": its runner failed"
     return "ready"
