@@ -110,7 +110,7 @@
   // the boxes change, the page is drawn again (the server words every row).
   var boxes = document.getElementById("boxes");
   function pollBoxes() {
-    var rows = boxes.querySelectorAll("tr[data-worker]");
+    var rows = boxes.querySelectorAll("[data-worker]");
     var running = [].some.call(rows, function (r) { return r.dataset.state === "queued" || r.dataset.state === "copying"; });
     if (!running) return; // nothing moves until a copy starts (its form reloads the page)
     getJSON(boxes.dataset.url)

@@ -91,15 +91,15 @@ def test_two_boxes_show_on_the_dashboard_and_a_model_is_copied_to_one(
 
     # 2. The model only the web box has: no copy on either box, a Copy button for each.
     page.goto(split_appliance.url + "/models/only-here-q8_0/")
-    rows = page.locator("#boxes tr[data-worker]")
+    rows = page.locator("#boxes [data-worker]")
     expect(rows).to_have_count(2)
     for i in range(2):
         expect(rows.nth(i).locator(".box-has")).to_have_text("no copy")
     shot(page, artifacts, "boxes-model-before.png", page.locator("#boxes"))
 
     # 3. Copy it to the first box: the page follows the copy and shows the result.
-    page.locator(f"#boxes tr[data-worker='{first.name}'] button").click()
-    row = page.locator(f"#boxes tr[data-worker='{first.name}']")
+    page.locator(f"#boxes [data-worker='{first.name}'] button").click()
+    row = page.locator(f"#boxes [data-worker='{first.name}']")
     expect(row.locator(".copy-message")).to_have_text(
         re.compile(rf"copied to Only-Here\.Q8_0\.gguf on {re.escape(first.name)}"),
         timeout=COPY_TIMEOUT_MS,
@@ -112,7 +112,7 @@ def test_two_boxes_show_on_the_dashboard_and_a_model_is_copied_to_one(
         page.reload()
     expect(row.locator(".box-has")).to_have_text("has the file")
     expect(row.locator("button")).to_have_count(0)
-    other = page.locator(f"#boxes tr[data-worker='{second.name}']")
+    other = page.locator(f"#boxes [data-worker='{second.name}']")
     expect(other.locator(".box-has")).to_have_text("no copy")
     shot(page, artifacts, "boxes-model-after.png", page.locator("#boxes"))
 
