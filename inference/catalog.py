@@ -71,7 +71,10 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         flash_attn=model.flash_attn,
     )
     return ModelSpec(
-        model.name, config, 300.0 if keep_alive is None else keep_alive, min_ctx=min_ctx,
+        model.name,
+        config,
+        300.0 if keep_alive is None else keep_alive,
+        min_ctx=min_ctx,
         sha256=model.sha256,
     )
 

@@ -122,11 +122,7 @@ def _sha(data: dict, key: str, *, empty: bool = False) -> str:
     value = _field(data, key)
     if value == "" and empty:
         return value
-    if (
-        not isinstance(value, str)
-        or len(value) != SHA256_CHARS
-        or value.strip("0123456789abcdef")
-    ):
+    if not isinstance(value, str) or len(value) != SHA256_CHARS or value.strip("0123456789abcdef"):
         raise ValueError(f"{key} must be a lowercase hex sha256, got {value!r}")
     return value
 

@@ -48,8 +48,8 @@ from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
 from inference.serving.announcement import WorkerAnnouncement
-from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
+from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.tokens import TokenError, TokenJob, TokenResult
 from inference.serving.worker_control import REPLY_PREFIX
 
@@ -495,20 +495,23 @@ class SplitClient:
             raise WorkerError(message, kind=RefusalKind(kinds.pop()))
         raise WorkerError(message)
 
-    async def load(self, spec: ModelSpec) -> None:
-        """Load the model on the one worker the router chooses (inference.serving.routing): the
-        worker that has it loaded already (its load is a no-op, or a reload for a larger
-        context), else one with the file and room, else a second copy when every copy is full
-        and requests wait; with none announced yet, on every worker. Raises if it could not."""
-        try:
-            chosen = await asyncio.to_thread(self.choose, Wanted(spec.name, spec.sha256))
-        except NoRoute as exc:
-            raise WorkerError(exc.message, kind=exc.kind) from None
-        except redis.RedisError as exc:
-            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
+    async def load(self, spec: ModelSpec, *, worker: str | None = None) -> None:
+        """Load the model on one worker: `worker` if named (a box chosen on the dashboard),
+        else the router's choice (inference.serving.routing): the worker that has it loaded
+        already (its load is a no-op, or a reload for a larger context), else one with the
+        file and room, else a second copy when every copy is full and requests wait; with none
+        announced yet, on every worker. Raises if it could not."""
+        if worker is None:
+            try:
+                wanted = Wanted(spec.name, spec.sha256)
+                worker = (await asyncio.to_thread(self.choose, wanted)).worker
+            except NoRoute as exc:
+                raise WorkerError(exc.message, kind=exc.kind) from None
+            except redis.RedisError as exc:
+                raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
         command = {"op": "load", "spec": spec.to_wire()}
-        if chosen.worker is not None:
-            command["worker"] = chosen.worker
+        if worker is not None:
+            command["worker"] = worker
         answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
         self._raise_failures(answers)
 

@@ -57,14 +57,21 @@ def run_command(
 
 def execute_control(
     host: EngineHost, worker: str, client: redis.Redis, command: dict,
-    resolve: Callable[[ModelSpec], ModelSpec] = _same,
+    resolve: Callable[[ModelSpec], ModelSpec] = _same, announce: Callable[[], None] | None = None,
 ) -> None:  # fmt: skip
+    """Run a command and answer it; `announce` (the worker's) runs before the answer, so the
+    router already sees what a load or an unload changed when the asker goes on."""
     reply = command.get("reply")
     # Only reply lists of our own shape: a command must not make a worker write any other key.
     if not isinstance(reply, str) or not reply.startswith(REPLY_PREFIX) or len(reply) > 200:
         log.warning("ignoring a control command without a valid reply key")
         return
     answer = run_command(host, worker, command, resolve)
+    if announce is not None:
+        try:
+            announce()
+        except Exception as exc:  # noqa: BLE001 - the answer matters more
+            log.warning("could not announce after control %s: %s", command.get("op"), exc)
     try:
         with client.pipeline() as pipe:
             pipe.rpush(reply, json.dumps(answer))

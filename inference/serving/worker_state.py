@@ -21,10 +21,10 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import socket
 import threading
 import time
-import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -113,6 +113,7 @@ class WorkerRuntime:
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._indexed = threading.Event()  # the first pass over the model files is done
         self._threads: list[threading.Thread] = []
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -261,6 +262,10 @@ class WorkerRuntime:
                 slots_free=max(0, slots - running), running=running,
                 waiting=int(engine.get("queue_depth") or 0),
             ))  # fmt: skip
+        if self.host.loading and self.host.loading not in {m.name for m in loaded}:
+            # Being loaded: counted as held, so a burst of first requests is not spread over
+            # every box that could load it.
+            loaded.append(LoadedModel(self.host.loading, "", 0, 1, 1, 0, self.waiting_count()))
         gpus = gpu_readings({os.getpid(), *self.supervisor.pids()})
         return WorkerAnnouncement(
             worker=self.name, instance=self.instance, host=self.hostname, queue=self.queue,
@@ -277,6 +282,11 @@ class WorkerRuntime:
                        px=int(keys.ANNOUNCE_TTL_S * 1000))  # fmt: skip
 
     def _announce_loop(self) -> None:
+        # Not before the first index pass: an announcement that serves nothing yet would make
+        # the router refuse this box's models (alive and unannounced, it is simply not chosen).
+        while not self._indexed.wait(keys.HEARTBEAT_INTERVAL_S):
+            if self._stop.is_set():
+                return
         while True:
             try:
                 self._announce()
@@ -291,6 +301,7 @@ class WorkerRuntime:
                 self.index.refresh()
             except Exception:  # noqa: BLE001 - keep indexing
                 log.exception("indexing the model files failed")
+            self._indexed.set()
             if self._stop.wait(INDEX_REFRESH_S):
                 return
 
@@ -359,5 +370,6 @@ class WorkerRuntime:
             return  # addressed to another worker (a load goes to the one the router chose)
         threading.Thread(
             target=execute_control, args=(self.host, self.name, self.redis, command),
-            kwargs={"resolve": self.local_spec}, name=f"control-{self.name}", daemon=True,
+            kwargs={"resolve": self.local_spec, "announce": self._announce},
+            name=f"control-{self.name}", daemon=True,
         ).start()  # fmt: skip

@@ -44,6 +44,23 @@ def test_a_refused_request_is_stored_with_its_error():
     )  # fmt: skip
 
 
+def test_a_split_mode_answer_is_stored_with_the_worker_that_answered_and_why():
+    from inference.engine import GenerationRequest
+
+    final = {"type": "done", "finish_reason": "stop", "figures": FIGURES,
+             "route": {"worker": "inference@gaming-pc", "reason": "conversation"}}  # fmt: skip
+    history.record_answer(GenerationRequest("hi", model="m"), final, source="openai", client="ha")
+    saved = RequestRecord.objects.get()
+    assert (saved.worker, saved.route) == ("inference@gaming-pc", "conversation")
+    (row,) = history.recent_requests()
+    assert (row["worker"], row["route"]) == ("inference@gaming-pc", "conversation")
+
+
+def test_an_embedded_answer_names_no_worker():
+    saved = record()
+    assert (saved.worker, saved.route) == ("", "")
+
+
 def test_recent_requests_come_newest_first_on_one_wall_clock_axis():
     record(request_id="old", accepted_wall=1000.0)
     record(request_id="new")  # no acceptance time: estimated from the save time

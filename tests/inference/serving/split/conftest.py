@@ -75,8 +75,8 @@ def start_worker(tmp_path, split_redis):
     """Start real workers (stopped at the end of the test); returns the WorkerProcess."""
     started: list[WorkerProcess] = []
 
-    def start(*, wait: bool = True) -> WorkerProcess:
-        worker = WorkerProcess(tmp_path).start()
+    def start(*, wait: bool = True, env: dict | None = None) -> WorkerProcess:
+        worker = WorkerProcess(tmp_path, env=env).start()
         started.append(worker)
         if wait:
             worker.wait_until_alive()

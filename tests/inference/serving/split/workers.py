@@ -22,9 +22,10 @@ START_TIMEOUT_S = 120  # importing Django, Celery and llama.cpp on a shared 2-co
 class WorkerProcess:
     """One `celery -A appliance worker -Q inference -P threads` process."""
 
-    def __init__(self, workdir: Path, redis_url: str = REDIS_URL):
+    def __init__(self, workdir: Path, redis_url: str = REDIS_URL, env: dict | None = None):
         self.label = f"test-{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
+        self.extra_env = env or {}  # e.g. MODELS_DIR: the box's own model files
         self.workdir = workdir
         self.log_path = workdir / f"{self.label}.log"
         self.process: subprocess.Popen | None = None
@@ -51,6 +52,7 @@ class WorkerProcess:
             "DATABASE_URL": "sqlite:////nonexistent/no-database-here.sqlite3",
             "TELEMETRY_INTERVAL_S": "0.5",
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
         env.pop("WORKER_NAME", None)
         with open(self.log_path, "ab") as log:
@@ -76,6 +78,23 @@ class WorkerProcess:
                 raise RuntimeError(f"the worker exited early:\n{self.log()}")
             time.sleep(0.2)
         raise RuntimeError(f"the worker did not come up within {timeout} s:\n{self.log()}")
+
+    def wait_until_serving(self, sha256: str, timeout: float = START_TIMEOUT_S) -> None:
+        """Once the worker announces that it can serve the model with this digest."""
+        from inference.serving.announcement import WorkerAnnouncement
+
+        client = redis.Redis.from_url(self.redis_url, decode_responses=True)
+        name = self.name or self.wait_until_alive(timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            raw = client.get(protocol.announce_key(name))
+            if raw and WorkerAnnouncement.from_json(raw).serves_sha(sha256):
+                return
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"the worker exited early:\n{self.log()}")
+            time.sleep(0.2)
+        raise RuntimeError(f"the worker did not announce {sha256[:12]} in {timeout} s:\n"
+                           f"{self.log()}")  # fmt: skip
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as when a box loses power."""
