@@ -116,10 +116,20 @@ def test_two_boxes_show_on_the_dashboard_and_a_model_is_copied_to_one(
     expect(other.locator(".box-has")).to_have_text("no copy")
     shot(page, artifacts, "boxes-model-after.png", page.locator("#boxes"))
 
-    # 4. The dashboard names the file on the box that has it now.
+    # 4. The dashboard names the file on the box that has it now, and the request history
+    #    which box answered a request and why.
+    split_appliance.shell(
+        "from inference.history import record_request\n"
+        f"record_request(request_id='r1', model_name='only-here-q8_0', source='openai', "
+        f"client='house-app', figures={{'total_time': 0.5}}, outcome='stop', "
+        f"route={{'worker': {first.name!r}, 'reason': 'conversation'}})\n"
+    )
     page.goto(split_appliance.url + "/dashboard/")
     card = page.locator("#boxes .box", has=page.locator("h3", has_text=first.name))
     expect(card).to_contain_text("only-here-q8_0", timeout=20_000)
+    answered = page.locator("#requests td.box-col").first
+    expect(answered).to_have_text(f"{first.name} · conversation")
+    expect(answered).to_have_attribute("title", re.compile("the KV of the earlier turns is there"))
     assert errors == []
 
     phone = browser.new_page(viewport={"width": 390, "height": 844}, is_mobile=True)
