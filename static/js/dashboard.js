@@ -810,7 +810,7 @@
     if (!list.length) {
       const row = document.createElement("tr");
       const td = cell(row, "No requests yet. Send a chat message or call the API.", "muted");
-      td.colSpan = 14;
+      td.colSpan = config.mode === "split" ? 14 : 13;
       body.append(row);
       return;
     }
@@ -821,8 +821,10 @@
       cell(row, r.model);
       cell(row, r.source);
       cell(row, r.client);
-      const box = cell(row, boxOf(r), "box-col");
-      if (r.route) box.title = ROUTES[r.route] || r.route;
+      if (config.mode === "split") { // embedded: one box, nothing to say
+        const box = cell(row, boxOf(r), "box-col");
+        if (r.route) box.title = ROUTES[r.route] || r.route;
+      }
       const out = cell(row, outcome(r), "outcome");
       if (r.error) out.title = r.error;
       cell(row, r.prompt_tokens + (r.cached_tokens ? " · " + r.cached_tokens + " cached" : ""), "num");
