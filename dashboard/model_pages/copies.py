@@ -14,6 +14,7 @@ inference.serving.copies).
 
 import logging
 import os
+import time
 from typing import TypedDict
 
 import redis
@@ -89,7 +90,7 @@ def boxes_for(model: LLMModel) -> list[BoxView]:
     for box in sorted(found, key=lambda a: a.worker):
         has_file = bool(sha) and box.serves_sha(sha)
         status = statuses.get(box.worker)
-        running = status is not None and not status.finished
+        running = status is not None and status.under_way(time.time())
         rows.append({
             "worker": box.worker,
             "host": box.host,
@@ -125,6 +126,9 @@ def start_copy(model: LLMModel, worker: str, base_url: str) -> copies.CopyStatus
     if box.serves_sha(weights.sha256):
         raise CopyRefused(f"{worker} has {model.name}'s file already")
     client = get_client().redis
+    earlier = copies.statuses(client, weights.sha256).get(worker)
+    if earlier is not None and earlier.under_way(time.time()):
+        raise CopyRefused(f"a copy of {model.name} to {worker} is under way")
     token = copies.issue_token(client, copies.CopyGrant(weights.sha256, worker))
     url = base_url + reverse("model-file", args=[weights.sha256])
     job = copies.CopyJob(

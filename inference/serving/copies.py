@@ -97,6 +97,12 @@ class CopyStatus:
     def finished(self) -> bool:
         return self.state in ("done", "failed")
 
+    def under_way(self, now: float) -> bool:
+        """Queued or copying, and heard of lately: a copy whose worker died says "copying"
+        until its status expires, but after COPY_TOKEN_TTL_S of silence nothing can come of it
+        (a queued task's token has expired; a running copy writes progress every second)."""
+        return not self.finished and now - self.time < COPY_TOKEN_TTL_S
+
     @classmethod
     def from_json(cls, text: str) -> "CopyStatus":
         raw = json.loads(text)

@@ -204,8 +204,9 @@ def copy_model(payload: dict) -> None:
         log.error("dropping a malformed copy task: %s", exc)
         return
     rt = runtime()
-    if copy_worker.copy_model(job, rt.name, rt.redis) is not None:
-        rt.index.refresh()  # announced at the next heartbeat, not the next index pass
+    target = copy_worker.copy_model(job, rt.name, rt.redis)
+    if target is not None:
+        rt.index.add(target, job.sha256)  # announced at the next heartbeat, not hashed again
 
 
 def _reply_channel(payload: object, task: str) -> str | None:

@@ -37,6 +37,7 @@ def split(settings):
     client_module.set_client(client)
     yield client.redis
     client_module.set_client(shared)
+    client.redis.flushdb()  # this module's own database: no worker or token outlives a test
 
 
 def fetch(client, model, token: str | None, worker: str = WORKER, sha256: str | None = None):
@@ -118,3 +119,45 @@ def test_a_token_serves_only_its_own_worker_and_file(client, model, split):
 @pytest.mark.redis
 def test_no_file_is_served_in_embedded_mode_whatever_the_token(client, model):
     assert fetch(client, model, "anything").status_code == 403
+
+
+def announce(redis, worker: str, serves: tuple = ()) -> None:
+    """`worker` alive with this announcement, as a real worker writes them."""
+    import time
+
+    from inference.serving import split_protocol as protocol
+    from inference.serving.announcement import WorkerAnnouncement
+
+    box = WorkerAnnouncement(
+        worker=worker, instance="i1", host="gpu-box", queue=protocol.worker_queue(worker),
+        serves=serves, loaded=(), queue_depth=0, running=0, ram_free_bytes=1 << 30,
+        vram_free_bytes=None, time=time.time(),
+    )  # fmt: skip
+    redis.set(protocol.alive_key(worker), "i1", ex=30)
+    redis.set(protocol.announce_key(worker), box.to_json(), ex=30)
+
+
+@pytest.mark.redis
+def test_a_second_copy_to_a_box_is_refused_while_the_first_is_under_way(staff, model, split):
+    announce(split, WORKER)
+    copies.write_status(split, model.sha256, WORKER, "copying", done=1, total=2)
+
+    response = staff.post(f"/models/{model.name}/copy/", {"worker": WORKER},
+                          headers={"Accept": "application/json"})  # fmt: skip
+    assert response.status_code == 409
+    assert response.json()["error"] == f"a copy of {model.name} to {WORKER} is under way"
+    (box,) = staff.get(f"/models/{model.name}/boxes/").json()["boxes"]
+    assert (box["copy"]["state"], box["can_copy"]) == ("copying", False)
+
+
+@pytest.mark.redis
+def test_a_copy_to_a_box_that_has_the_file_is_refused(staff, model, split):
+    from inference.serving.announcement import ServedModel
+
+    announce(split, WORKER, serves=(ServedModel(model.sha256, model.size_bytes),))
+    response = staff.post(f"/models/{model.name}/copy/", {"worker": WORKER},
+                          headers={"Accept": "application/json"})  # fmt: skip
+    assert response.status_code == 409
+    assert response.json()["error"] == f"{WORKER} has {model.name}'s file already"
+    page = staff.get(f"/models/{model.name}/")
+    assert b"has the file" in page.content and b"Copy to" not in page.content
