@@ -220,8 +220,8 @@ class SplitClient:
         published = False
         try:
             failure = await self._send(state)
-            # A timed-out publish may still go out: close it then too.
-            published = failure is None or failure.get("code") == "unavailable"
+            # Routed, then a failed or timed-out publish: it may still go out, so close it too.
+            published = state.route is not None
             if failure is not None:
                 yield failure
                 return
@@ -253,6 +253,7 @@ class SplitClient:
                     receiving = None
                     if message.get("type") == "claimed":
                         state.worker, state.instance = message["worker"], message["instance"]
+                        state.suspect = False  # from now on, about the claiming worker
                         continue
                     if message.get("type") in FINAL:
                         state.answered = True
@@ -422,7 +423,8 @@ class SplitClient:
 
     def live_workers(self) -> list[str]:
         """Names of the inference workers whose heartbeat is current."""
-        names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=100)
+        # One SCAN pass over the database per request: large batches, few round trips.
+        names = self.redis.scan_iter(match=protocol.ALIVE_PATTERN, count=1000)
         return sorted(protocol.worker_from_key(key) for key in names)
 
     def announcements(self) -> list[WorkerAnnouncement]:
