@@ -232,6 +232,10 @@ else:
         }
     }
 WORKER_NAME = envstr("WORKER_NAME", "")
+# Where the inference workers on other boxes reach this web box, to fetch a model's file ("copy
+# to box" on a model's page): e.g. http://nas.lan:8000. Unset: the address the staff's browser
+# used for the page.
+WEB_URL = envurl("WEB_URL", "") if envstr("WEB_URL").strip() else ""
 
 LOGGING = {
     "version": 1,

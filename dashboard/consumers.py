@@ -53,6 +53,7 @@ from appliance.arrival import arrival
 from dashboard.chat import answers, counting, turns
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
+from dashboard.web.boxes import box_for
 from dashboard.web.panels import panels, shares_in
 from dashboard.web.share_names import share_names_async
 from inference.serving.feed import TELEMETRY_GROUP
@@ -353,7 +354,8 @@ def _optional_str(frame: dict, key: str, limit: int) -> str | None:
 
 class TelemetryConsumer(_JsonConsumer):
     """Relays group "telemetry" to staff dashboards as {"type": "snapshot", "panels": {...}},
-    with the names of the apps and people the engines name only by id (panels["apps"])."""
+    with the names of the apps and people the engines name only by id (panels["apps"]) and the
+    worker's box (panels["box"]: dashboard.web.boxes)."""
 
     joined = False
 
@@ -385,4 +387,8 @@ class TelemetryConsumer(_JsonConsumer):
             return
         result = panels(snapshot)
         result["apps"] = await share_names_async(shares_in(result))
+        try:
+            result["box"] = await database_sync_to_async(box_for)(result)
+        except Exception as exc:  # noqa: BLE001 - Redis or the database out: the rest still shows
+            log.warning("the boxes panel could not be read: %s", exc)
         await self.send_json({"type": "snapshot", "panels": result})

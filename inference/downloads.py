@@ -140,10 +140,11 @@ def fetch_with_retries(
     attempts: int,
     backoff: float,
     policy: DownloadPolicy,
+    headers: dict[str, str] | None = None,
 ) -> str:
     for attempt in range(1, attempts + 1):
         try:
-            return fetch(url, part, progress, policy)
+            return fetch(url, part, progress, policy, headers)
         except RETRIED as exc:
             if attempt == attempts:
                 raise DownloadError(f"gave up after {attempts} attempts: {_describe(exc)}") from exc
@@ -162,14 +163,21 @@ def _describe(exc: Exception) -> str:
     return redact_text(str(exc) or type(exc).__name__)
 
 
-def fetch(url: str, part: Path, progress: JobProgress, policy: DownloadPolicy) -> str:
+def fetch(
+    url: str,
+    part: Path,
+    progress: JobProgress,
+    policy: DownloadPolicy,
+    headers: dict[str, str] | None = None,
+) -> str:
     """One attempt: append to `part` from its current length; returns the sha256 of the whole
-    file. Raises Interrupted / httpx.TransportError for what a retry can fix."""
+    file. Raises Interrupted / httpx.TransportError for what a retry can fix. `headers` go with
+    the request (a copy's token: inference.serving.copy_worker)."""
     digest = hashlib.sha256()
     have = part.stat().st_size if part.exists() else 0
     if have:
         _hash_into(digest, part)  # the resumed file's hash covers the bytes already here
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    headers = {**(headers or {}), **({"Range": f"bytes={have}-"} if have else {})}
     with guarded_get(url, headers, policy) as r:
         if r.status_code == 416 and have:
             _, _, total = _content_range(r.headers.get("content-range", ""))

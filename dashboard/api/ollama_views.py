@@ -76,17 +76,23 @@ def _tags() -> list[dict]:
 
 
 def _running() -> list[dict]:
-    """Every loaded model on every inference worker, as `ollama ps` rows."""
+    """Every loaded model, as `ollama ps` rows: one per model, with the inference workers that
+    hold it in an extra field, "workers" (Ollama clients ignore it): a model loaded on two
+    boxes is one row naming both."""
     snapshots = get_client().snapshots()
     names = {row["name"] for snap in snapshots for row in snap.get("loaded", [])}
     records = {m.name: m for m in LLMModel.objects.filter(name__in=names)}
     now = datetime.now(UTC)
-    rows = []
+    rows: dict[str, dict] = {}
     for snap in snapshots:
         for row in snap.get("loaded", []):
-            runner = (snap.get("models", {}).get(row["name"]) or {}).get("model") or {}
-            rows.append(process(row, records.get(row["name"]), runner, now))
-    return rows
+            found = rows.get(row["name"])
+            if found is None:
+                runner = (snap.get("models", {}).get(row["name"]) or {}).get("model") or {}
+                found = rows[row["name"]] = {**process(row, records.get(row["name"]), runner, now),
+                                             "workers": []}  # fmt: skip
+            found["workers"].append(str(snap.get("worker") or ""))
+    return list(rows.values())
 
 
 @ollama_get

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
+from dashboard.model_pages import copies as box_copies
 from dashboard.model_pages import lifecycle
 from dashboard.model_pages.display import bytes_label, params_label, seconds_label
 from dashboard.model_pages.forms import (
@@ -152,6 +153,8 @@ def detail_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
         "hash_job": hash_job,
         "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
+        # Split mode: the inference workers and this model's file on each (None: one box).
+        "boxes": box_copies.boxes_for(model) if box_copies.split_mode() else None,
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
     }, status=status)  # fmt: skip
 

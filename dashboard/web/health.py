@@ -2,8 +2,13 @@
 
 {"web": "ok", "worker": "ok" | "down", "broker": "ok" | "down" | "not used",
  "models": [loaded model names], "unusable_models": [models a runner refuses now],
- "workers": [{"worker": name, "runners": [RunnerHealth, ...]}], "mode": "embedded" | "split"};
+ "workers": [{"worker": name, "host": its box, "alive": bool, "models": [loaded model names],
+              "runners": [RunnerHealth, ...]}], "mode": "embedded" | "split"};
 200 when usable, else 503.
+
+"workers" are the inference workers that reported lately (split mode: a fresh snapshot or a
+live heartbeat with its announcement; embedded: this process). "alive" is the heartbeat's word
+in split mode (a worker whose heartbeat stopped a moment ago still has a fresh snapshot).
 
 A model whose runner is backing off (it crashed repeatedly) or failed to load is listed in
 "unusable_models" and its runner row says "usable": false, but the answer stays 200: the other
@@ -12,6 +17,7 @@ crash loop would take them all down with it.
 """
 
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from typing import TypedDict
@@ -49,6 +55,9 @@ class RunnerHealth(TypedDict):
 
 class WorkerHealth(TypedDict):
     worker: str
+    host: str
+    alive: bool
+    models: list[str]  # loaded
     runners: list[RunnerHealth]
 
 
@@ -105,10 +114,17 @@ def runner_health(raw: dict) -> RunnerHealth:
     }
 
 
-def worker_health(snapshot: dict) -> WorkerHealth:
+def worker_health(snapshot: dict, host: str = "", alive: bool = True) -> WorkerHealth:
     runners = snapshot.get("runners")
+    loaded = snapshot.get("loaded")
     return {
         "worker": str(snapshot.get("worker") or ""),
+        "host": host,
+        "alive": alive,
+        "models": sorted(
+            str(row["name"]) for row in (loaded if isinstance(loaded, list) else [])
+            if isinstance(row, dict) and row.get("name")
+        ),
         "runners": sorted(
             (runner_health(r) for r in (runners if isinstance(runners, list) else [])
              if isinstance(r, dict) and isinstance(r.get("model"), str) and r["model"]),
@@ -118,9 +134,14 @@ def worker_health(snapshot: dict) -> WorkerHealth:
 
 
 def worker_status() -> WorkerStatus:
-    """Up or down, the loaded models and the runners, from the workers' latest snapshots."""
+    """Up or down, the loaded models and the runners, from the workers' latest snapshots and,
+    in split mode, their heartbeats and announcements (host, loaded models)."""
+    client = get_client()
     try:
-        snapshots = get_client().snapshots()
+        snapshots = client.snapshots()
+        split = client.mode == "split"
+        announced = {a.worker: a for a in client.announcements()} if split else {}
+        live = set(client.live_workers()) if split else set()
     except Exception as exc:  # noqa: BLE001
         log.warning("healthz: no worker snapshot: %s", exc)
         return WorkerStatus.down()
@@ -128,8 +149,20 @@ def worker_status() -> WorkerStatus:
     now = time.time()
     fresh = [s for s in snapshots if now - float(s.get("time") or 0) <= stale_after]
     models = sorted({row["name"] for s in fresh for row in s.get("loaded") or [] if "name" in row})
-    workers = sorted((worker_health(s) for s in fresh), key=lambda w: w["worker"])
-    return WorkerStatus("ok" if fresh else "down", models, workers)
+    workers = []
+    for snap in fresh:
+        name = str(snap.get("worker") or "")
+        if not split:
+            workers.append(worker_health(snap, host=socket.gethostname()))
+        else:
+            box = announced.pop(name, None)
+            workers.append(worker_health(snap, host=box.host if box else "", alive=name in live))
+    for box in announced.values():  # alive and announced, no snapshot yet (starting)
+        loaded = [{"name": m.name} for m in box.loaded]
+        workers.append(worker_health({"worker": box.worker, "loaded": loaded}, host=box.host))
+        models = sorted({*models, *(m.name for m in box.loaded)})
+    workers.sort(key=lambda w: w["worker"])
+    return WorkerStatus("ok" if workers else "down", models, workers)
 
 
 @never_cache

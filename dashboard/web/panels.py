@@ -199,6 +199,7 @@ class Panels(TypedDict):
     memory: MemoryPanel
     models: dict[str, ModelPanel]
     runners: list[RunnerPanel]
+    box: dict | None  # dashboard.web.boxes.BoxPanel, added by the consumer (None here)
 
 
 def _number(value, default=0.0) -> float:
@@ -517,6 +518,7 @@ def panels(snapshot: dict) -> Panels:
         "memory": memory_panel(system),
         "models": models,
         "runners": sorted(runners, key=lambda r: r["model"]),
+        "box": None,
     }
 
 

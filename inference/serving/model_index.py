@@ -72,6 +72,18 @@ class ModelIndex:
             if changed:
                 self._write_cache()
 
+    def add(self, path: str | Path, sha256: str) -> None:
+        """A file whose digest the caller computed as it wrote it (a model copied from the web
+        box, inference.serving.copy_worker): known at once, without hashing it again."""
+        with self._refreshing:
+            resolved = str(Path(path).resolve())
+            stat = _stat(resolved)
+            if stat is None:
+                return
+            self._known = {**self._known, resolved: (*stat, sha256)}
+            self._sync()
+            self._write_cache()
+
     def _candidates(self) -> dict[str, tuple[int, int]]:
         """path -> (size, mtime_ns) of every GGUF file to index."""
         paths = [p for root in self.roots if root.is_dir() for p in _ggufs(root)]

@@ -18,6 +18,8 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
     appliance:priority                pub/sub: {"request_id", "priority"} (JSON), a running
                                       request's new priority; workers without it ignore it
     appliance:control                 pub/sub: load/unload commands, heard by every worker
+    appliance:copy:…                  a model copied to a box: its one-time tokens and each
+                                      worker's progress (inference.serving.copies has them)
 
 Keys live in the Redis database of REDIS_URL, but pub/sub channels are global to the server, so
 their names carry the database number (when it is not 0): two appliances, or a test run, sharing

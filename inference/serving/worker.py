@@ -30,6 +30,9 @@ A task, step by step:
 "inference.embed" (embeddings, inference.serving.embeds) and "inference.tokenize" (tokens,
 inference.serving.tokens) are claimed the same way and answered with one message; they keep no
 marks, as computing the same answer twice harms nobody.
+
+"inference.copy_model" (inference.serving.copy_worker) comes only on this worker's own queue:
+it fetches a model's file from the web box into this box's MODELS_DIR.
 """
 
 import asyncio
@@ -46,6 +49,8 @@ from django.conf import settings
 from inference.engine import GenerationRequest
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
+from inference.serving import copy_worker
+from inference.serving.copies import COPY_TASK, CopyJob
 from inference.serving.core import serve as serve_generation
 from inference.serving.embeds import EmbedError, EmbedJob
 from inference.serving.embeds import embed as serve_embed
@@ -186,6 +191,22 @@ def tokenize(payload: dict) -> None:
         return
     asyncio.run(_answer_once(runtime(), payload, reply, job_type=TokenJob, compute=serve_tokens,
                              field="tokens", refused=TokenError))  # fmt: skip
+
+
+# Not acks_late: the job's token serves one transfer, so a redelivery could only fail.
+@shared_task(name=COPY_TASK, ignore_result=True, time_limit=24 * 3600)
+def copy_model(payload: dict) -> None:
+    """Fetch a model's file from the web box: payload = CopyJob.to_dict(); the result is this
+    worker's CopyStatus in Redis."""
+    try:
+        job = CopyJob.from_dict(payload)
+    except (TypeError, ValueError) as exc:
+        log.error("dropping a malformed copy task: %s", exc)
+        return
+    rt = runtime()
+    target = copy_worker.copy_model(job, rt.name, rt.redis)
+    if target is not None:
+        rt.index.add(target, job.sha256)  # announced at the next heartbeat, not hashed again
 
 
 def _reply_channel(payload: object, task: str) -> str | None:

@@ -480,6 +480,98 @@
     });
   }
 
+  // --- the boxes: one card per inference worker ------------------------------------------------
+
+  // panels.box (dashboard/web/boxes.py): the worker's host, models by the registry's names
+  // (loaded first), its load, free memory and runners.
+  function boxCard(box, runnersFaulty) {
+    const card = document.createElement("article");
+    card.className = "box";
+    card.setAttribute("aria-label", "box " + box.worker);
+    const head = document.createElement("div");
+    head.className = "box-head";
+    const title = document.createElement("h3");
+    title.textContent = box.worker;
+    const host = document.createElement("span");
+    host.className = "muted";
+    host.textContent = box.host ? "on " + box.host : "";
+    const state = document.createElement("span");
+    state.className = "box-state" + (runnersFaulty ? " bad" : box.state.startsWith("loading") ? " busy" : "");
+    state.textContent = box.state;
+    head.append(title, host, state);
+
+    const figures = document.createElement("p");
+    figures.className = "box-figures";
+    const figure = (label, value) => {
+      const span = document.createElement("span");
+      const b = document.createElement("b");
+      b.textContent = value;
+      span.append(b, " " + label);
+      figures.append(span);
+    };
+    figure("answering", String(box.running));
+    figure("waiting", String(box.queue_depth));
+    const loaded = box.models.filter((m) => m.loaded);
+    const free = loaded.reduce((acc, m) => acc + (m.slots_free || 0), 0);
+    const total = loaded.reduce((acc, m) => acc + (m.slots_total || 0), 0);
+    if (total) figure("slots free", free + " / " + total);
+    figure("RAM free", bytes(box.ram_free_bytes));
+    if (!none(box.vram_free_bytes)) figure("VRAM free", bytes(box.vram_free_bytes));
+
+    const list = document.createElement("ul");
+    list.className = "box-models";
+    if (!box.models.length) {
+      const li = document.createElement("li");
+      li.className = "muted";
+      li.textContent = "no model file on this box";
+      list.append(li);
+    }
+    const runners = new Map((box.runners || []).map((r) => [r.model, r.state]));
+    [...loaded, ...box.models.filter((m) => !m.loaded)].forEach((m) => {
+      const li = document.createElement("li");
+      if (m.loaded) li.className = "is-loaded";
+      const name = document.createElement("span");
+      name.className = "model-name";
+      name.textContent = m.name;
+      if (m.sha256) name.title = "sha256 " + m.sha256;
+      const where = document.createElement("span");
+      where.className = "model-where";
+      const runner = runners.get(m.name);
+      if (m.loaded) {
+        const parts = ["loaded"];
+        if (m.n_ctx) parts.push(m.n_ctx + " ctx");
+        if (m.slots_total) parts.push(m.slots_free + "/" + m.slots_total + " slots free");
+        where.textContent = parts.join(" · ");
+      } else {
+        where.textContent = runner && FAULTY.has(runner) ? "runner " + runner : "on disk";
+      }
+      li.append(name, where);
+      list.append(li);
+    });
+    card.append(head, figures, list);
+    return card;
+  }
+
+  function drawBoxes(all) {
+    const box = $("boxes");
+    box.replaceChildren();
+    const boxes = all.map((p) => p.box).filter(Boolean);
+    if (!boxes.length) {
+      const p = document.createElement("p");
+      p.className = "muted";
+      p.textContent = all.length ? "the boxes are not known yet" : "no inference worker reporting";
+      box.append(p);
+      text("boxes-summary", config.mode === "split" ? "no inference worker reporting" : "one box: this one");
+      return;
+    }
+    boxes.sort((a, b) => a.worker.localeCompare(b.worker)).forEach((b) =>
+      box.append(boxCard(b, (b.runners || []).some((r) => r.state === "backing off" || r.state === "failed"))));
+    const loadedOn = boxes.filter((b) => b.models.some((m) => m.loaded)).length;
+    text("boxes-summary", config.mode === "split"
+      ? count(boxes.length, "inference worker") + " · " + loadedOn + " with a model loaded"
+      : "one box: this one");
+  }
+
   // --- the streams answering now -----------------------------------------------------------
 
   // A share's name: the consumer sends the names of the ids it saw (panels.apps); an id it
@@ -626,6 +718,7 @@
     if (!a.count) {
       text("workers", "no worker reporting");
       text("loaded", "no model loaded");
+      drawBoxes([]);
       resetTiles();
       return;
     }
@@ -636,6 +729,7 @@
     const loading = a.panels.map((p) => p.loading).filter(Boolean);
     text("loaded", (loaded.length ? "loaded: " + loaded.join(", ") : "no model loaded") +
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
+    drawBoxes(a.panels);
     drawMemory(a.panels, totals);
     drawRunners();
     drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1, a.apps);
@@ -692,13 +786,31 @@
     return r.outcome;
   }
 
+  // Why the router sent a request to its box (inference/serving/routing.py's reasons).
+  const ROUTES = {
+    conversation: "its conversation's box: the KV of the earlier turns is there",
+    loaded: "the model was loaded there, and that box was the least busy",
+    "second copy": "every loaded copy was full, so this box loaded another",
+    "can load": "the box had the file and room to load it",
+    "by path": "the model's digest was not known yet: any box with its path",
+    "shared queue": "no box had announced itself: the first one free took it",
+  };
+  const ROUTE_WORDS = { conversation: "conversation", loaded: "least busy", "second copy": "second copy",
+    "can load": "had room", "by path": "by path", "shared queue": "first free" };
+
+  // The box that answered and, briefly, why: "inference@nas · conversation"; "–" embedded.
+  function boxOf(r) {
+    if (!r.worker) return "–";
+    return r.worker + (r.route ? " · " + (ROUTE_WORDS[r.route] || r.route) : "");
+  }
+
   function drawTable(list) {
     const body = $("requests");
     body.replaceChildren();
     if (!list.length) {
       const row = document.createElement("tr");
       const td = cell(row, "No requests yet. Send a chat message or call the API.", "muted");
-      td.colSpan = 13;
+      td.colSpan = config.mode === "split" ? 14 : 13;
       body.append(row);
       return;
     }
@@ -709,6 +821,10 @@
       cell(row, r.model);
       cell(row, r.source);
       cell(row, r.client);
+      if (config.mode === "split") { // embedded: one box, nothing to say
+        const box = cell(row, boxOf(r), "box-col");
+        if (r.route) box.title = ROUTES[r.route] || r.route;
+      }
       const out = cell(row, outcome(r), "outcome");
       if (r.error) out.title = r.error;
       cell(row, r.prompt_tokens + (r.cached_tokens ? " · " + r.cached_tokens + " cached" : ""), "num");
@@ -742,7 +858,8 @@
         "; answered " + count(r.output_tokens, "token") + " (" + outcome(r) + ").",
       "queue " + ms(r.queue_time) + " · first token after " + ms(r.ttft) + " · prompt " + tps(r.prompt_tps) +
         " tok/s · writing " + tps(r.decode_tps) + " tok/s · total " + ms(r.total_time),
-      r.client + " · " + r.source + " · " + r.model + " · " + new Date(r.start * 1000).toLocaleTimeString(),
+      r.client + " · " + r.source + " · " + r.model + (r.worker ? " · answered by " + r.worker +
+        (r.route ? " (" + (ROUTES[r.route] || r.route) + ")" : "") : "") + " · " + new Date(r.start * 1000).toLocaleTimeString(),
     ];
     return lines;
   }

@@ -106,6 +106,33 @@
   }
   if (hashing) pollHash();
 
+  // The boxes (split mode): each copy's progress, polled while one runs; when a copy ends or
+  // the boxes change, the page is drawn again (the server words every row).
+  var boxes = document.getElementById("boxes");
+  function pollBoxes() {
+    var rows = boxes.querySelectorAll("[data-worker]");
+    var running = [].some.call(rows, function (r) { return r.dataset.state === "queued" || r.dataset.state === "copying"; });
+    if (!running) return; // nothing moves until a copy starts (its form reloads the page)
+    getJSON(boxes.dataset.url)
+      .then(function (answer) {
+        var seen = [].map.call(rows, function (r) { return r.dataset.worker; }).join(",");
+        var now = answer.boxes.map(function (b) { return b.worker; }).join(",");
+        if (seen !== now) { if (!editing) window.location.reload(); return; }
+        answer.boxes.forEach(function (box, i) {
+          var row = rows[i];
+          if (!box.copy) return;
+          if (box.copy.finished && row.dataset.state !== box.copy.state && !editing) { window.location.reload(); return; }
+          var bar = row.querySelector("progress");
+          if (bar) bar.value = box.copy.fraction;
+          var message = row.querySelector(".copy-message");
+          if (message) message.textContent = box.copy.message;
+        });
+      })
+      .catch(function () { /* try again at the next poll */ })
+      .finally(function () { setTimeout(pollBoxes, 1000); });
+  }
+  if (boxes) pollBoxes();
+
   var loadForm = document.querySelector(".load-form");
   if (loadForm) {
     loadForm.addEventListener("submit", function () {

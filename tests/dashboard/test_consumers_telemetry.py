@@ -8,13 +8,18 @@ from channels.layers import get_channel_layer
 from dashboard.web import telemetry
 from inference.serving.feed import publish
 from tests.dashboard.web.sockets import open_socket, until_final
+from tests.inference import conftest as registry
+
+# A models directory with a tiny model in it, as the registry's tests make them.
+models_dir = registry.models_dir
+tiny_file = registry.tiny_file
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 PANEL_FIELDS = {
     "worker", "mode", "time", "loading", "loaded", "prompt_tps", "output_tps", "ttft", "itl",
     "queue_depth", "active_sequences", "kv_fill", "cpu_percent", "memory", "models", "finished",
-    "now", "windows", "streams", "shares", "apps",
+    "now", "windows", "streams", "shares", "apps", "box",
 }  # fmt: skip
 
 
@@ -187,3 +192,23 @@ async def test_the_apps_and_people_the_engine_names_by_id_reach_the_page_by_name
     }
     assert first["shares"][0]["priority"] == "background"
     assert first["streams"][0]["share"] == f"user:{member.pk}"
+
+
+async def test_each_snapshot_carries_its_workers_box_with_the_models_by_name(
+    admin_user, fast_telemetry, models_dir, tiny_file
+):
+    from dashboard.web.boxes import forget
+    from inference.importing import register_file
+
+    model = await asyncio.to_thread(register_file, tiny_file, source="scan")
+    forget()  # registered a moment ago: read the registry again
+    ws, connected, _ = await open_socket("/ws/telemetry/", admin_user)
+    assert connected
+    box = (await next_snapshot(ws))["box"]
+    await ws.disconnect()
+
+    assert (box["worker"], box["state"]) == ("embedded", "ready")
+    assert box["host"]
+    mine = [m for m in box["models"] if m["name"] == model.name]
+    assert mine == [{"name": model.name, "sha256": model.sha256, "loaded": False, "n_ctx": None,
+                     "slots_total": None, "slots_free": None}]  # fmt: skip
