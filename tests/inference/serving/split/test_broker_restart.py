@@ -8,6 +8,7 @@ The broker is a private redis-server (redis_server.py): the suite's Redis stays 
 import asyncio
 
 import pytest
+from channels.db import database_sync_to_async
 
 from tests.dashboard.web.sockets import open_socket, until_final
 from tests.inference.serving.split.conftest import split_client_on, split_web_process
@@ -103,7 +104,7 @@ async def test_chat_and_dashboard_sockets_open_across_a_restart_work_again(
     web, starter_model, member, admin_user, broker, worker
 ):
     starter_model.default_params = {"max_tokens": 12, "temperature": 0.0}
-    await starter_model.asave()
+    await database_sync_to_async(starter_model.save)()
     chat, connected, _ = await open_socket("/ws/chat/", member)
     assert connected
     dashboard, connected, _ = await open_socket("/ws/telemetry/", admin_user)
