@@ -80,3 +80,19 @@ async def test_the_partial_answer_is_saved_when_the_worker_is_killed_mid_stream(
     assert answer.state == Message.State.FAILED
     assert answer.content == streamed_text(frames) != ""
     assert "stopped while answering" in answer.error
+
+
+async def test_a_question_holding_a_nul_character_is_answered_and_saved(
+    split_client, short_answers, member, start_worker
+):
+    # PostgreSQL, which split mode runs on, stores no NUL: it is kept as U+FFFD (storable).
+    await asyncio.to_thread(start_worker)
+    ws, _, _ = await open_socket("/ws/chat/", member)
+    await ws.send_json_to({"type": "send", "conversation": None, "content": "Say\x00 hello."})
+    opening = await ws.receive_json_from(timeout=30)
+    frames = await until_final(ws)
+    await ws.disconnect()
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    question = await database_sync_to_async(_message)(opening["user_message_id"])
+    assert question.content == "Say\ufffd hello."
