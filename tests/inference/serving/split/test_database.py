@@ -9,8 +9,10 @@ import os
 import pytest
 
 from dashboard.models import Conversation, Message
+from inference.importing import register_file
 from inference.jobs import JobProgress
 from inference.models import Job, LLMModel, RequestRecord
+from tests.inference.ggufs import tiny_gguf
 
 pytestmark = pytest.mark.django_db
 
@@ -53,6 +55,17 @@ def test_a_gguf_that_claims_numbers_beyond_the_columns_is_registered_with_them_u
     assert model.architecture == "llama\ufffd"
     assert model.chat_template == "{{ '\ufffd' }}"
     assert model.metadata == {"general.name\ufffd": "odd\ufffd"}
+
+
+def test_a_gguf_file_whose_metadata_holds_a_nul_character_is_registered(models_dir):
+    def describe(writer):
+        writer.add_string("general.description", "one\x00two")
+
+    path = tiny_gguf(models_dir / "nul.gguf", extra=describe)
+    model = register_file(path, source=LLMModel.Source.SCAN, hash_file=False)
+
+    model.refresh_from_db()
+    assert model.metadata["keys"]["general.description"] == "one\ufffdtwo"
 
 
 def test_a_job_that_fails_with_a_nul_in_its_message_is_marked_failed():
