@@ -390,8 +390,9 @@ class TelemetryConsumer(_JsonConsumer):
 
     async def disconnect(self, code) -> None:
         if self.relay is not None:
-            self.relay.cancel()
-            self.relay = None
+            relay, self.relay = self.relay, None
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)  # it leaves the group
             telemetry.unsubscribe()
 
     async def _relay(self, layer, channel: str) -> None:
