@@ -64,8 +64,13 @@ def values(model: type[models.Model], /, **fields: Any) -> dict[str, Any]:
     return {name: field_value(model._meta.get_field(name), value) for name, value in fields.items()}
 
 
-def on_save(sender: type[models.Model], instance: models.Model, **kwargs) -> None:
+def on_save(
+    sender: type[models.Model], instance: models.Model, update_fields=None, **kwargs
+) -> None:
+    skipped = instance.get_deferred_fields()  # not loaded: reading one would query for it
     for field in sender._meta.concrete_fields:
+        if field.attname in skipped or (update_fields and field.name not in update_fields):
+            continue
         value = getattr(instance, field.attname)
         storable = field_value(field, value)
         if storable is not value:

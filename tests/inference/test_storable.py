@@ -3,6 +3,8 @@ modes (what a model writes, an app sends or a GGUF file says may hold any of the
 
 import math
 
+import pytest
+
 from dashboard.models import Message
 from inference import storable
 from inference.models import Job, LLMModel
@@ -48,3 +50,17 @@ def test_a_value_with_nothing_to_change_is_the_same_object():
     message = Message._meta.get_field("content")
     content = "hello"
     assert storable.field_value(message, content) is content
+
+
+@pytest.mark.django_db
+def test_a_save_reads_no_field_it_did_not_load(member, django_assert_num_queries):
+    from dashboard.models import Conversation
+
+    conversation = Conversation.objects.create(user=member, title="t")
+    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="hi")
+    partial = Message.objects.only("id", "content").get()
+    partial.content = "a\x00b"
+
+    with django_assert_num_queries(1):  # the UPDATE alone
+        partial.save(update_fields=["content"])
+    assert Message.objects.get().content == "a\ufffdb"
