@@ -165,6 +165,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A Redis restart costs only the answers in flight: workers retry the broker for as long as it
+# takes, every 2 s (appliance.broker), and a closed connection's late acks read as the lost
+# connection they are instead of stopping the worker.
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
+CELERY_BROKER_TRANSPORT = "appliance.broker:Transport" if SPLIT_MODE else None
+CELERY_WORKER_CONSUMER = "appliance.broker:Consumer"
 # Generation goes to queue "inference" (the worker that owns the engine); everything else (model
 # import, hashing, downloads, retention) to "jobs". Task names are explicit so routes stay true.
 CELERY_TASK_DEFAULT_QUEUE = "jobs"

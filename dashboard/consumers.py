@@ -40,6 +40,7 @@ running when its socket closes; a new socket attaches to it (dashboard.chat.answ
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -47,7 +48,9 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.conf import settings
+from redis import RedisError
 
 from appliance.arrival import arrival
 from dashboard.chat import answers, counting, turns
@@ -65,6 +68,7 @@ OUTPUT_FRAMES = frozenset({"token", "thinking"})  # what the model wrote: the fi
 CLOSE_UNAUTHORIZED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_TOO_MANY = 4429
+RELAY_RETRY_S = 1.0  # a dashboard socket's wait before joining its group again after a loss
 
 
 def _finite(value: Any) -> Any:
@@ -93,6 +97,10 @@ class ChatConsumer(_JsonConsumer):
     frames. The first output frame that a socket has sent stamps its turn's TTFT
     (dashboard.wire)."""
 
+    # No channel of its own on the channel layer: answers reach the socket in this process
+    # (dashboard.chat.answers), and a channel nobody sends to would only tie the socket to the
+    # broker (Channels closes a consumer whose channel receive fails, as when Redis restarts).
+    channel_layer_alias = None
     turn: answers.Turn | None = None  # the answer this socket watches (its own or attached)
     subscriber: answers.Subscriber | None = None  # how this socket watches it
     outbox: asyncio.Queue | None = None  # (frame, the turn it belongs to or None)
@@ -355,9 +363,15 @@ def _optional_str(frame: dict, key: str, limit: int) -> str | None:
 class TelemetryConsumer(_JsonConsumer):
     """Relays group "telemetry" to staff dashboards as {"type": "snapshot", "panels": {...}},
     with the names of the apps and people the engines name only by id (panels["apps"]) and the
-    worker's box (panels["box"]: dashboard.web.boxes)."""
+    worker's box (panels["box"]: dashboard.web.boxes).
 
-    joined = False
+    The group is received by a relay task of the socket's own rather than by Channels' loop,
+    which closes the socket on the first broker error: the relay waits and joins the group
+    again (a restarted Redis has forgotten its groups), so an open dashboard lives on across
+    a broker restart."""
+
+    channel_layer_alias = None  # the relay has the channel
+    relay: asyncio.Task | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -367,16 +381,37 @@ class TelemetryConsumer(_JsonConsumer):
         if not user.is_staff:
             await self.close(code=CLOSE_FORBIDDEN)
             return
-        await self.channel_layer.group_add(TELEMETRY_GROUP, self.channel_name)
-        self.joined = True
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(TELEMETRY_GROUP, channel)  # a broker that is out refuses the socket
         await self.accept()
+        self.relay = asyncio.create_task(self._relay(layer, channel))
         telemetry.subscribe()
 
     async def disconnect(self, code) -> None:
-        if self.joined:
-            self.joined = False
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            relay.cancel()
+            await asyncio.gather(relay, return_exceptions=True)  # it leaves the group
             telemetry.unsubscribe()
-            await self.channel_layer.group_discard(TELEMETRY_GROUP, self.channel_name)
+
+    async def _relay(self, layer, channel: str) -> None:
+        joined = True
+        try:
+            while True:
+                try:
+                    if not joined:
+                        await layer.group_add(TELEMETRY_GROUP, channel)
+                        joined = True
+                    await self.dispatch(await layer.receive(channel))
+                except (RedisError, OSError) as exc:
+                    if joined:
+                        log.warning("dashboard socket lost the broker (%s); joining again", exc)
+                    joined = False
+                    await asyncio.sleep(RELAY_RETRY_S)
+        finally:
+            with contextlib.suppress(Exception):  # best effort: the group entry expires anyway
+                await asyncio.wait_for(layer.group_discard(TELEMETRY_GROUP, channel), 5)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         await self.send_error("invalid", "this socket only sends")

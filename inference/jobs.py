@@ -12,6 +12,7 @@ import time
 from django.db import OperationalError
 from django.utils import timezone
 
+from inference import storable
 from inference.models import Job, LLMModel
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class JobProgress:
         updated = (
             Job.objects.filter(pk=self.job_id)
             .exclude(state=Job.State.CANCELLED)
-            .update(updated_at=timezone.now(), **fields)
+            .update(updated_at=timezone.now(), **storable.values(Job, **fields))
         )
         if not updated:
             raise JobCancelled(f"job {self.job_id} was cancelled")
@@ -73,8 +74,9 @@ class JobProgress:
     def fail(self, message: str) -> None:
         """Record a failure, unless the job was cancelled (that state and its note stay)."""
         Job.objects.filter(pk=self.job_id).exclude(state=Job.State.CANCELLED).update(
-            state=Job.State.FAILED, message=message[:2000], updated_at=timezone.now()
-        )
+            **storable.values(Job, message=message[:2000]),
+            state=Job.State.FAILED, updated_at=timezone.now(),
+        )  # fmt: skip
 
 
 def cancel_job(job: Job) -> bool:

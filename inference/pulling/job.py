@@ -39,6 +39,7 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
+from inference import storable
 from inference.downloads import ATTEMPTS, BACKOFF_S, RETRIED, DownloadError, fetch_with_retries
 from inference.engine.params import DEFAULTABLE, usable_defaults
 from inference.gguf import GGUFError
@@ -106,8 +107,8 @@ class PullProgress(JobProgress):
     def fail(self, message: str, status: int = 500) -> None:
         self.detail["error_status"] = status
         Job.objects.filter(pk=self.job_id).exclude(state=Job.State.CANCELLED).update(
-            state=Job.State.FAILED, message=message[:2000], detail=self.detail,
-            updated_at=timezone.now(),
+            **storable.values(Job, message=message[:2000], detail=self.detail),
+            state=Job.State.FAILED, updated_at=timezone.now(),
         )  # fmt: skip
 
 

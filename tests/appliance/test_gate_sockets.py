@@ -23,6 +23,7 @@ import h11
 import pytest
 
 from tests.appliance.routes import KeyedBody, keyed_body_routes
+from tests.live import free_port
 
 FIFTY_MB = 50 * 1024 * 1024
 SEVEN_MB = 7 * 1024 * 1024  # under DATA_UPLOAD_MAX_MEMORY_SIZE: only the missing key refuses it
@@ -118,16 +119,10 @@ async def test_a_streaming_server_answers_before_the_body(head, status):
     assert line is not None and line.split()[1] == status, line
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def served_port(tmp_path_factory):
     """`manage.py serve` on a free port (no setup: the gate's refusals need no database)."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "LOG_LEVEL": "WARNING",
            "APPLIANCE_DATA_DIR": str(tmp_path_factory.mktemp("gate-serve"))}  # fmt: skip
     env.pop("REDIS_URL", None)

@@ -212,3 +212,15 @@ async def test_each_snapshot_carries_its_workers_box_with_the_models_by_name(
     mine = [m for m in box["models"] if m["name"] == model.name]
     assert mine == [{"name": model.name, "sha256": model.sha256, "loaded": False, "n_ctx": None,
                      "slots_total": None, "slots_free": None}]  # fmt: skip
+
+
+async def test_a_closed_dashboard_socket_leaves_the_group(admin_user, monkeypatch):
+    from inference.serving.feed import TELEMETRY_GROUP
+
+    monkeypatch.setattr(telemetry, "get_client", WorkersPublish)
+    layer = get_channel_layer()
+    ws, _, _ = await open_socket("/ws/telemetry/", admin_user)
+    assert len(layer.groups.get(TELEMETRY_GROUP, {})) == 1
+    await ws.disconnect()
+
+    assert not layer.groups.get(TELEMETRY_GROUP)

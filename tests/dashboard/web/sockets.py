@@ -2,7 +2,7 @@
 
 import asyncio
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
@@ -19,7 +19,7 @@ def _session_cookie(user) -> str:
 
 
 async def session_cookie(user) -> str:
-    return await sync_to_async(_session_cookie)(user)
+    return await database_sync_to_async(_session_cookie)(user)
 
 
 async def open_socket(path: str, user=None, *, origin: str | None = ALLOWED_ORIGIN, cookie=None):

@@ -4,6 +4,9 @@ inference worker processes, and a SplitClient in the test process.
 Skipped only when that Redis does not answer (CI starts one)."""
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
@@ -12,6 +15,9 @@ from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving import split_protocol as protocol
 from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess
+
+if TYPE_CHECKING:
+    from inference.serving.split_client import SplitClient
 
 
 @pytest.fixture(scope="session")
@@ -27,38 +33,57 @@ def split_redis():
     client.close()
 
 
-@pytest.fixture
-def split_mode(settings, split_redis):
-    """This process's settings as a split-mode web process's."""
+@contextmanager
+def split_web_process(settings, redis_url: str) -> Iterator[None]:
+    """This process's settings as those of a split-mode web process on the Redis at
+    `redis_url` (`settings`: pytest-django's fixture, which puts them back)."""
     from appliance.celery import app
 
-    settings.REDIS_URL = REDIS_URL
+    settings.REDIS_URL = redis_url
     settings.SPLIT_MODE = True
-    settings.CELERY_BROKER_URL = REDIS_URL
+    settings.CELERY_BROKER_URL = redis_url
     settings.CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
+            "CONFIG": {"hosts": [redis_url], "capacity": 2000, "expiry": 30},
         }
     }
     previous = app.conf.broker_url
-    app.conf.broker_url = REDIS_URL  # the Celery app read the settings at import
-    yield split_redis
-    app.conf.broker_url = previous
+    app.conf.broker_url = redis_url  # the Celery app read the settings at import
+    try:
+        yield
+    finally:
+        app.conf.broker_url = previous
 
 
-@pytest.fixture
-def split_client(split_mode):
+@contextmanager
+def split_client_on(redis_url: str, **options) -> Iterator["SplitClient"]:
+    """A SplitClient as get_client() returns it in a split-mode web process."""
     from inference.serving import client as client_module
     from inference.serving.split_client import SplitClient
 
     # The session's embedded client (and the model it holds) comes back afterwards; asking
     # get_client() for it here would build a SplitClient, since the settings say split mode.
     shared = client_module._client
-    client = SplitClient(REDIS_URL)
-    client_module.set_client(client)  # what get_client() returns in a split-mode web process
-    yield client
-    client_module.set_client(shared)
+    client = SplitClient(redis_url, **options)
+    client_module.set_client(client)
+    try:
+        yield client
+    finally:
+        client_module.set_client(shared)
+
+
+@pytest.fixture
+def split_mode(settings, split_redis):
+    """This process's settings as a split-mode web process's."""
+    with split_web_process(settings, REDIS_URL):
+        yield split_redis
+
+
+@pytest.fixture
+def split_client(split_mode):
+    with split_client_on(REDIS_URL) as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

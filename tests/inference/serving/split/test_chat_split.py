@@ -4,7 +4,7 @@ from a real inference worker process."""
 import asyncio
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 
 from dashboard.models import Message
 from tests.dashboard.web.sockets import open_socket, streamed_text, until_final
@@ -51,7 +51,7 @@ async def test_a_chat_answer_streams_from_the_worker_and_is_saved(
     done = frames[-1]
     assert done["type"] == "done", done
     assert done["figures"]["output_tokens"] >= 2
-    answer = await sync_to_async(_message)(opening["message_id"])
+    answer = await database_sync_to_async(_message)(opening["message_id"])
     assert answer.state == Message.State.COMPLETE
     assert answer.content == streamed_text(frames) != ""
 
@@ -76,7 +76,23 @@ async def test_the_partial_answer_is_saved_when_the_worker_is_killed_mid_stream(
     error = frames[-1]
     assert error["type"] == "error", error
     assert "the inference worker stopped while answering" in error["message"]
-    answer = await sync_to_async(_message)(opening["message_id"])
+    answer = await database_sync_to_async(_message)(opening["message_id"])
     assert answer.state == Message.State.FAILED
     assert answer.content == streamed_text(frames) != ""
     assert "stopped while answering" in answer.error
+
+
+async def test_a_question_holding_a_nul_character_is_answered_and_saved(
+    split_client, short_answers, member, start_worker
+):
+    # PostgreSQL, which split mode runs on, stores no NUL: it is kept as U+FFFD (storable).
+    await asyncio.to_thread(start_worker)
+    ws, _, _ = await open_socket("/ws/chat/", member)
+    await ws.send_json_to({"type": "send", "conversation": None, "content": "Say\x00 hello."})
+    opening = await ws.receive_json_from(timeout=30)
+    frames = await until_final(ws)
+    await ws.disconnect()
+
+    assert frames[-1]["type"] == "done", frames[-1]
+    question = await database_sync_to_async(_message)(opening["user_message_id"])
+    assert question.content == "Say\ufffd hello."

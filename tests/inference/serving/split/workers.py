@@ -22,22 +22,28 @@ START_TIMEOUT_S = 120  # importing Django, Celery and llama.cpp on a shared 2-co
 class WorkerProcess:
     """One `celery -A appliance worker -Q inference -P threads` process."""
 
-    def __init__(self, workdir: Path, redis_url: str = REDIS_URL, env: dict | None = None):
+    def __init__(
+        self, workdir: Path, redis_url: str = REDIS_URL, env: dict | None = None, *,
+        chatter: bool = False,
+    ):  # fmt: skip
         self.label = f"test-{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.extra_env = env or {}  # e.g. MODELS_DIR: the box's own model files
+        self.chatter = chatter
         self.workdir = workdir
         self.log_path = workdir / f"{self.label}.log"
         self.process: subprocess.Popen | None = None
         self.name: str | None = None  # "<label>@<host>", as the worker names itself in Redis
 
     @staticmethod
-    def command(node_name: str) -> list[str]:
-        """docker-compose.yml's inference command, with fewer threads and no Celery chatter."""
+    def command(node_name: str, *, chatter: bool = False) -> list[str]:
+        """docker-compose.yml's inference command, with fewer threads and, unless `chatter`,
+        without Celery's own heartbeat, mingle and gossip (compose runs them: what a broker
+        restart does to them is tested with them on)."""
+        quiet = [] if chatter else ["--without-heartbeat", "--without-mingle", "--without-gossip"]
         return [
             str(CELERY), "-A", "appliance", "worker", "-Q", "inference", "-P", "threads",
-            "-c", "8", "--without-heartbeat", "--without-mingle", "--without-gossip",
-            "-n", node_name, "-l", "info",
+            "-c", "8", *quiet, "-n", node_name, "-l", "info",
         ]  # fmt: skip
 
     def start(self) -> "WorkerProcess":
@@ -57,7 +63,7 @@ class WorkerProcess:
         env.pop("WORKER_NAME", None)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command(f"{self.label}@%h"),
+                self.command(f"{self.label}@%h", chatter=self.chatter),
                 cwd=ROOT,
                 env=env,
                 stdout=log,
