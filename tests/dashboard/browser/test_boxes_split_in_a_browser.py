@@ -8,14 +8,13 @@ import re
 import shutil
 
 import pytest
-import redis
 from playwright.sync_api import expect
 
 from tests.dashboard.browser.conftest import ADMIN_PASSWORD, log_in
 from tests.dashboard.browser.test_dashboard_in_a_browser import SHOTS
 from tests.inference.ggufs import tiny_gguf
 from tests.inference.serving.split.conftest import no_workers_left
-from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess
+from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
 from tests.live import LiveAppliance
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis]
@@ -25,12 +24,7 @@ COPY_TIMEOUT_MS = 120_000  # a deadline on a shared 2-core box
 
 @pytest.fixture(scope="module")
 def two_boxes(tmp_path_factory):
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"Redis on 127.0.0.1:6379 does not answer: {exc}")
-    client.flushdb()
+    client = clean_split_redis()
     no_workers_left(client)
     workdir = tmp_path_factory.mktemp("boxes-workers")
     workers = [WorkerProcess(workdir).start() for _ in range(2)]

@@ -14,7 +14,7 @@ import redis
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving import split_protocol as protocol
-from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess
+from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
 
 if TYPE_CHECKING:
     from inference.serving.split_client import SplitClient
@@ -22,13 +22,7 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def split_redis():
-    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=2)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
-        pytest.skip(f"Redis on 127.0.0.1:6379 does not answer: {exc}")
-    # Leftovers of an earlier run (queued tasks, heartbeats) would be served by our workers.
-    client.flushdb()
+    client = clean_split_redis()
     yield client
     client.close()
 
