@@ -3,12 +3,12 @@
 Every payload is a dataclass (pickled by multiprocessing.connection); a request crosses as the
 GenerationRequest the web side built, engine events as the engine's own event dataclasses, and
 a refusal as its Refusal (kind, message, field). One exchange at a time per direction is never
-assumed: the runner answers each Submit with Accepted or Refused carrying the request id, and
+assumed: the runner answers each Submit with Accepted or SubmitRefused carrying the request id, and
 events of many requests interleave on the same connection.
 
     supervisor → runner: Launch (first), then Submit, Cancel, SetPriority, Embed, Tokenize,
                          Detokenize, SnapshotRequest, Shutdown
-    runner → supervisor: Ready or LoadFailed (first), then Accepted, Refused, engine events,
+    runner → supervisor: Ready or LoadFailed (first), then Accepted, SubmitRefused, engine events,
                          Embedded or EmbedFailed (the answer to an Embed),
                          Tokenized, Detokenized or TokensFailed (the answer to a Tokenize or
                          Detokenize),
@@ -59,7 +59,7 @@ class Accepted:
 
 
 @dataclass(slots=True, frozen=True)
-class Refused:
+class SubmitRefused:
     request_id: str
     refusal: Refusal
 

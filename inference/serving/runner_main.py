@@ -120,7 +120,7 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             try:
                 engine.submit(message.request, load_time=message.load_time, sink=outbox.send)
             except Exception as exc:  # noqa: BLE001 - every refusal is an answer
-                outbox.send(m.Refused(rid, Refused.of(exc).refusal))
+                outbox.send(m.SubmitRefused(rid, Refused.of(exc).refusal))
             else:
                 # Sent after submit returned: the Accepted can follow the request's first
                 # events, which the supervisor buffers until it sees it.

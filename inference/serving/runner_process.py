@@ -96,7 +96,7 @@ _WHILE = {
 
 
 class _Pending:
-    """A submit waiting for the runner's Accepted or Refused."""
+    """A submit waiting for the runner's Accepted or SubmitRefused."""
 
     __slots__ = ("done", "refusal")
 
@@ -336,7 +336,7 @@ class RunnerProcess:
                     self._on_embedded(message)
                 elif isinstance(message, m.Tokenized | m.Detokenized | m.TokensFailed):
                     self._on_tokens(message)
-                elif isinstance(message, m.Accepted | m.Refused):
+                elif isinstance(message, m.Accepted | m.SubmitRefused):
                     self._on_answer(message)
                 elif isinstance(message, m.Ready):
                     self._info, self.load_seconds = message.info, message.load_seconds
@@ -371,15 +371,15 @@ class RunnerProcess:
         if handle is not None:
             handle.deliver(event)
 
-    def _on_answer(self, answer: m.Accepted | m.Refused) -> None:
+    def _on_answer(self, answer: m.Accepted | m.SubmitRefused) -> None:
         with self._lock:
             pending = self._pending.pop(answer.request_id, None)
             early = self._early.pop(answer.request_id, [])
-            if isinstance(answer, m.Refused):
+            if isinstance(answer, m.SubmitRefused):
                 self._handles.pop(answer.request_id, None)
         if pending is None:
             return
-        if isinstance(answer, m.Refused):
+        if isinstance(answer, m.SubmitRefused):
             pending.refusal = answer.refusal
         for event in early:
             self._on_event(event)
