@@ -281,7 +281,8 @@ async def _streamed(app, scope: dict, receive, send, rule: ApiRule, length: int 
     hasher, size = hashlib.sha256(), 0
     try:
         with open(path, "wb") as out:
-            # Held while the body is written: a cleanup (inference.blobs.prune) leaves it be.
+            # Held while the body is written: a cleanup (inference.catalog.blobs.prune) leaves
+            # it be.
             fcntl.flock(out, fcntl.LOCK_EX)
             pending: list[bytes] = []
             held = 0

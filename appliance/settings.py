@@ -143,7 +143,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # The largest GGUF POST /api/blobs takes (streamed to disk, never held in memory).
 MAX_BLOB_BYTES = envint("MAX_BLOB_BYTES", 512 << 30, lo=1 << 20, hi=1 << 44)
 # An uploaded blob that no /api/create made into a model is removed this long after its upload
-# (inference.blobs.prune), as a partial upload that is no longer being written.
+# (inference.catalog.blobs.prune), as a partial upload that is no longer being written.
 BLOB_RETENTION_HOURS = envint("BLOB_RETENTION_HOURS", 24, lo=1, hi=24 * 365)
 
 if SPLIT_MODE:
@@ -179,7 +179,7 @@ CELERY_TASK_ROUTES = {
     "inference.embed": {"queue": "inference"},
     "inference.tokenize": {"queue": "inference"},
 }
-CELERY_IMPORTS = ["inference.serving.worker", "inference.tasks"]
+CELERY_IMPORTS = ["inference.serving.worker", "inference.jobs.tasks"]
 CELERY_BEAT_SCHEDULE = {
     "retention": {"task": "inference.prune_request_history", "schedule": 3600.0},
     "blob-retention": {"task": "inference.prune_blobs", "schedule": 3600.0},
@@ -198,9 +198,9 @@ DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
 REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
 # Downloads may reach private LAN addresses (10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10);
 # false leaves them only public ones. Loopback, link-local and the appliance's own Redis and
-# database are refused either way (inference.netguard).
+# database are refused either way (inference.catalog.netguard).
 DOWNLOAD_ALLOW_PRIVATE = envbool("DOWNLOAD_ALLOW_PRIVATE", True)
-# Where /api/pull and the models page's "pull by name" look names up (inference.pulling): an
+# Where /api/pull and the models page's "pull by name" look names up (inference.catalog.pulling): an
 # Ollama registry for "model:tag" and "namespace/model:tag", a Hugging Face endpoint (or a
 # mirror) for "hf.co/user/repo:quant". Configured here, so trusted wherever they are (a
 # registry on this box too); the hosts their blobs redirect to are guarded like any download.

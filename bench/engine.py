@@ -92,8 +92,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.side import RESULT_MARK  # noqa: E402
+from inference.catalog.starter import starter_model_path  # noqa: E402
 from inference.engine.runner_config import RunnerConfig  # noqa: E402
-from inference.starter import starter_model_path  # noqa: E402
 
 FULL = dict(
     prefill_tokens=512, prefill_requests=3, decode_steps=128, decode_requests=3,

@@ -47,6 +47,7 @@ from pathlib import Path
 import psutil
 
 from bench.engine import busy_cpu_seconds
+from inference.catalog.starter import starter_model_path
 from inference.gguf import CHATML_TEMPLATE, read_gguf
 from inference.gguf.render_pool import (
     IDLE_AFTER_CPU_SECONDS,
@@ -55,7 +56,6 @@ from inference.gguf.render_pool import (
     RenderPool,
     RenderRequest,
 )
-from inference.starter import starter_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Quadratic list concatenation inside one filter call: the sandbox's step counter never ticks.

@@ -163,7 +163,7 @@ def main() -> int:
         print(RESULT_MARK + json.dumps(side(json.loads(options.side))), flush=True)
         return 0
     sys.path.insert(0, str(ROOT))
-    from inference.starter import starter_model_path
+    from inference.catalog.starter import starter_model_path
 
     common = {"model": options.model or str(starter_model_path()), "threads": options.threads,
               "extra_bufts": not options.no_extra_bufts, "steps": options.steps,

@@ -170,10 +170,10 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     _django()
+    from inference.catalog.starter import starter_model_path
     from inference.engine.host import ModelSpec
     from inference.engine.runner_config import RunnerConfig
     from inference.serving.model_index import _sha256
-    from inference.starter import starter_model_path
 
     path = starter_model_path()
     config = RunnerConfig(

@@ -20,9 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
+from inference.catalog.starter import starter_model_path
 from inference.gguf import chat_template, read_gguf
 from inference.gguf.render_pool import CPU_SECONDS_PER_RENDER, IDLE_AFTER_CPU_SECONDS
-from inference.starter import starter_model_path
 from tests.inference import thinking_templates
 
 TEXT = ("The quick brown fox jumps over the lazy dog; " * 25)[:1000]

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from bench import http_load  # noqa: E402
 from bench.engine import busy_cpu_seconds  # noqa: E402
 from bench.servers import Appliance, LlamaServer, Server  # noqa: E402
-from inference.starter import starter_model_path  # noqa: E402
+from inference.catalog.starter import starter_model_path  # noqa: E402
 
 # The flood settles for a minute before the person comes: on a 2-core CPU that reads prompts at
 # ~145 tok/s, the first seven 800-token documents alone take ~40 s, and a person who came

@@ -25,7 +25,7 @@ def child(mode: str, threads: int) -> None:
     sys.path.insert(0, str(ROOT))
     from bench.prompts import make_tokens
     from bench.raw import RawContext, RawModel, single_decode_tps
-    from inference.starter import starter_model_path
+    from inference.catalog.starter import starter_model_path
 
     model = RawModel(str(starter_model_path()))
     ctx = RawContext(model, ctx_per_seq=2048, n_seq=8, n_batch=512, n_ubatch=512,

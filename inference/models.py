@@ -3,7 +3,7 @@
 from django.db import models
 from django.db.models.functions import Lower
 
-from inference.netguard import redact_url
+from inference.catalog.netguard import redact_url
 
 
 class VisibleModels(models.Manager):
@@ -54,7 +54,7 @@ class LLMModel(models.Model):
 
     # Settings (validated by the settings form; the engine receives them at load).
     n_ctx = models.PositiveIntegerField(
-        default=0, help_text="context tokens per sequence; 0: automatic (inference.preflight)"
+        default=0, help_text="context tokens per sequence; 0: automatic (sized at load)"
     )
     n_gpu_layers = models.IntegerField(default=-1, help_text="-1: all layers the GPU takes")
     n_threads = models.PositiveIntegerField(default=0, help_text="0: all cores")
@@ -120,7 +120,7 @@ class PulledName(models.Model):
     """A name a model was pulled as ("llama3.2:1b", "hf.co/user/repo:Q4_K_M"), which the API
     lists and answers to, as Ollama does; pages and URLs use the model's slug `name`. Several
     names may hold one model (Ollama's llama3.2:latest and llama3.2:3b are the same file), and
-    a name moves to the new model when its tag moved on (inference.pulling.job)."""
+    a name moves to the new model when its tag moved on (inference.catalog.pulling.pull)."""
 
     name = models.CharField(max_length=200)
     model = models.ForeignKey(LLMModel, on_delete=models.CASCADE, related_name="pulled_names")
@@ -161,7 +161,7 @@ class Job(models.Model):
     model = models.ForeignKey(LLMModel, null=True, blank=True, on_delete=models.SET_NULL)
     dismissed = models.BooleanField(default=False, help_text="an ended job hidden from the page")
     # Progress in numbers for whoever follows the job over the API (a pull's layers and
-    # phase, inference.pulling.job); the page reads `progress` and `message`.
+    # phase, inference.catalog.pulling.pull); the page reads `progress` and `message`.
     detail = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -7,7 +7,7 @@ itself load llama.cpp into the test process, with the CPU self-check's verdict f
 
 import pytest
 
-from inference.starter import starter_model_path
+from inference.catalog.starter import starter_model_path
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """An answer as it streams, split into its thinking, its content and its tool calls.
 
-The thinking block comes first (inference.thinking), and tool calls are parsed out of the
+The thinking block comes first (inference.text.thinking), and tool calls are parsed out of the
 content only (dashboard.api.tools): a model that mentions "<tool_call>" while it thinks has not
 called anything. Both parsers hold back what they cannot decide yet, so a streamed answer and
 the same answer parsed whole come out the same.
@@ -9,7 +9,7 @@ the same answer parsed whole come out the same.
 from dataclasses import dataclass
 
 from dashboard.api.tools import ToolCall, ToolCallParser
-from inference.thinking import ThinkingSplitter
+from inference.text.thinking import ThinkingSplitter
 
 
 @dataclass(slots=True, frozen=True)

@@ -285,7 +285,7 @@ class CallerFields(TypedDict):
 
 
 def caller_fields(request: HttpRequest, *, asked: Priority = "interactive") -> CallerFields:
-    """What a generation's request takes from who asked (inference.catalog.request_for's
+    """What a generation's request takes from who asked (inference.catalog.specs.request_for's
     fields), the same for every generation view: `asked` is the priority its body asks for."""
     return CallerFields(
         cache_key=conversation_key(request),

@@ -2,7 +2,8 @@
 /api/push (refused: the appliance does not publish models). Every one needs an admin key, as
 pulling and deleting do.
 
-A blob upload streams (inference.blobs): up to MAX_BLOB_BYTES, not DATA_UPLOAD_MAX_MEMORY_SIZE.
+A blob upload streams (inference.catalog.blobs): up to MAX_BLOB_BYTES, not
+DATA_UPLOAD_MAX_MEMORY_SIZE.
 Served by the appliance, the gate writes the body into the blobs directory, hashed on the way,
 after checking the key's scope and the free disk (appliance.gate, `body_to`), and the view
 verifies and keeps that file; without the gate (Django's test client) the view reads the body
@@ -10,8 +11,8 @@ in chunks, never as request.body.
 
 /api/create with `files` installs the blob as a model of its own, like an upload from the models
 page (the validating reader, the same registration); a blob whose bytes a listed model holds
-already, or `from` a model, makes a derived model instead (inference.creating): the weights are
-shared, never copied, and its settings are its own. The progress lines follow Ollama's
+already, or `from` a model, makes a derived model instead (inference.catalog.creating): the
+weights are shared, never copied, and its settings are its own. The progress lines follow Ollama's
 (`gathering model components`, `using existing layer sha256:…`, `writing manifest`, `success`),
 or one object with `stream: false`; a refusal is an error status before any line.
 """
@@ -29,12 +30,12 @@ from dashboard.api.ollama_schemas import OllamaCopyRequest, OllamaCreateRequest
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson
 from dashboard.models import ApiKey
-from inference import blobs, creating
-from inference.catalog import UnknownModel, resolve
+from inference.catalog import blobs, creating
+from inference.catalog.importing import ImportRefused, install_file, safe_filename
+from inference.catalog.lookup import UnknownModel, resolve
 from inference.gguf import GGUFError
-from inference.importing import ImportRefused, install_file, safe_filename
+from inference.jobs.tasks import keep_blobs_pruned
 from inference.models import LLMModel, PulledName
-from inference.tasks import keep_blobs_pruned
 
 log = logging.getLogger(__name__)
 

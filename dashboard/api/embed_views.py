@@ -28,7 +28,7 @@ from dashboard.api.ollama_views import _granted_keep_alive
 from dashboard.api.runs import resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.models import ApiKey
-from inference.catalog import spec_for
+from inference.catalog.specs import spec_for
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult

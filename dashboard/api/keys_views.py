@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.models import ApiKey
 from dashboard.web.security import staff_required, with_csp
-from inference.catalog import default_model
+from inference.catalog.lookup import default_model
 
 KEY_PLACEHOLDER = "YOUR_KEY"
 MODEL_PLACEHOLDER = "MODEL"

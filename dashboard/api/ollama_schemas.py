@@ -26,10 +26,10 @@ from dashboard.api.schemas import (
     refuse_if,
     total_chars,
 )
-from dashboard.api.structured import check_schema, json_object_grammar, schema_grammar
-from inference.catalog import parse_keep_alive
+from inference.catalog.specs import parse_keep_alive
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
-from inference.thinking import LEVELS, Level
+from inference.text.structured import check_schema, json_object_grammar, schema_grammar
+from inference.text.thinking import LEVELS, Level
 
 
 def _keep_alive(value: Any) -> float | None:

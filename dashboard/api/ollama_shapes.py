@@ -5,9 +5,9 @@ import json
 from datetime import UTC, datetime, timedelta
 
 from dashboard.api.tools import template_renders_tools
-from inference.creating import ollama_parameters
+from inference.catalog.creating import ollama_parameters
 from inference.models import LLMModel
-from inference.thinking import thinking_mode
+from inference.text.thinking import thinking_mode
 
 # Ollama reports a model kept loaded for ever (keep_alive < 0) with an expiry centuries away.
 FOREVER = timedelta(days=365 * 290)

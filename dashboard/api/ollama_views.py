@@ -34,9 +34,10 @@ from dashboard.api.runs import Run, api_request, resolve_model
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.api.timings import ollama_durations
-from dashboard.model_pages import lifecycle
 from dashboard.models import ApiKey
-from inference.catalog import context_asked, forget_name, spec_for
+from inference.catalog import operations
+from inference.catalog.lookup import forget_name
+from inference.catalog.specs import context_asked, spec_for
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.core import load_refusal
@@ -129,8 +130,8 @@ async def delete_model(request: HttpRequest) -> JsonResponse:
         # The models page's delete: unload if idle, then unregister (the file goes when it
         # lives in the models directory; a packaged model is hidden). A derived model goes
         # alone, its base untouched; a base that derived models use is refused.
-        outcome = await lifecycle.delete(model)
-    except lifecycle.Refused as exc:
+        outcome = await operations.delete(model)
+    except operations.OperationRefused as exc:
         raise ApiError(409, str(exc), code="model_in_use") from None
     log.info("%s (through the API, key %s)", outcome, request.api_key.name)
     return JsonResponse({"status": "success", "message": outcome})

@@ -37,10 +37,10 @@ from dashboard.api.schemas import (
     text_parts,
     total_chars,
 )
-from dashboard.api.structured import json_object_grammar, schema_grammar
 from inference.engine.generation import Priority
 from inference.engine.params import MAX_TOP_LOGPROBS
-from inference.thinking import Think
+from inference.text.structured import json_object_grammar, schema_grammar
+from inference.text.thinking import Think
 
 
 class OpenAIFunctionCall(Strict):

@@ -1,11 +1,11 @@
 """From an API request's messages to the prompt, through the model's own chat template (the
-same path as the chat page's: inference.prompting), plus what only the API offers: tools.
+same path as the chat page's: inference.text.prompting), plus what only the API offers: tools.
 
 Tools are handed to the template only when the template reads them, and tool calls are parsed
 out of answers only when the template's format marks them (<tool_call> blocks); with any other
 template a request with tools gets a plain answer.
 
-Thinking (inference.thinking): a template with a thinking mode gets the request's switch, and
+Thinking (inference.text.thinking): a template with a thinking mode gets the request's switch, and
 its answers have their <think> block split off, whatever the switch (a model that thinks though
 asked not to still gives a clean answer); asking a model without one to think is a 400 naming
 the field, as Ollama does.
@@ -25,9 +25,9 @@ from dashboard.api.tools import (
 )
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.prompting import Prompt, prompt_for, render_executor
-from inference.prompting import raw_prompt as plain_raw_prompt
-from inference.thinking import Think, thinking_mode
+from inference.text.prompting import Prompt, prompt_for, render_executor
+from inference.text.prompting import raw_prompt as plain_raw_prompt
+from inference.text.thinking import Think, thinking_mode
 
 
 @dataclass(slots=True)

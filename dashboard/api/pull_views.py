@@ -1,6 +1,6 @@
 """POST /api/pull: pull a model by name as Ollama does, its progress streamed as NDJSON lines.
 
-The pull is a job (inference.pulling.job: the jobs queue in split mode, a thread when
+The pull is a job (inference.catalog.pulling.pull: the jobs queue in split mode, a thread when
 embedded). This view starts it, or finds the one already pulling that name, and follows the
 job's row, turning its phase and layer bytes into Ollama's lines: `pulling manifest`,
 `pulling <digest>` with `total` and `completed`, `verifying sha256 digest`, `writing
@@ -29,11 +29,11 @@ from dashboard.api.ollama_schemas import OllamaPullRequest
 from dashboard.api.schemas import parse_body
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.models import ApiKey
-from inference.importing import STALE_JOB_S
+from inference.catalog.importing import STALE_JOB_S
+from inference.catalog.pulling.names import InvalidName, parse
+from inference.catalog.pulling.pull import PHASES
+from inference.jobs.tasks import schedule_pull
 from inference.models import Job
-from inference.pulling.job import PHASES
-from inference.pulling.names import InvalidName, parse
-from inference.tasks import schedule_pull
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from dashboard.api.schemas import (
     Unit,
     refuse_if,
 )
-from dashboard.api.structured import json_object_grammar, schema_grammar
-from inference.thinking import Think
+from inference.text.structured import json_object_grammar, schema_grammar
+from inference.text.thinking import Think
 
 STATELESS = "this appliance keeps no responses (stateless): send the whole conversation in input"
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")

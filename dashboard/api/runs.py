@@ -18,12 +18,13 @@ from dashboard.api.errors import ApiError, from_event, from_refusal
 from dashboard.api.logprobs import LogprobTrail, TokenEntry
 from dashboard.limits import api_streams
 from dashboard.wire import FirstOutput
-from inference.catalog import UnknownModel, request_for, resolve, spec_for
+from inference.catalog.lookup import UnknownModel, resolve
+from inference.catalog.specs import request_for, spec_for
 from inference.engine import GenerationRequest, Refused
 from inference.history import record_answer
 from inference.models import LLMModel
-from inference.prompting import Prompt
 from inference.serving.client import get_client
+from inference.text.prompting import Prompt
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ async def resolve_model(name: str | None) -> LLMModel:
 
 
 def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
-    """The request for an API call (inference.catalog.request_for), its clock started when it
+    """The request for an API call (inference.catalog.specs.request_for), its clock started when it
     reached the application (the gate's stamp, appliance.arrival), not now, after parsing,
     authentication and prompt rendering; a sampling value out of bounds (or any other field the
     request refuses) is a 400 naming it."""
@@ -58,7 +59,7 @@ class Run:
         min_ctx: int = 0,
     ):
         """`min_ctx`: the context per sequence the request needs (Ollama's num_ctx, clamped by
-        inference.catalog.context_asked); a model loaded with less is reloaded."""
+        inference.catalog.specs.context_asked); a model loaded with less is reloaded."""
         self.model = model
         self.request = request
         self.source = source

@@ -24,7 +24,6 @@ from pydantic import (
 )
 
 from dashboard.api.errors import ApiError
-from dashboard.api.structured import check_schema
 from inference.engine.params import (
     MAX_GRAMMAR_CHARS,
     MAX_STOP_LENGTH,
@@ -33,6 +32,7 @@ from inference.engine.params import (
     MAX_TOP_LOGPROBS,
     SEED_LIMIT,
 )
+from inference.text.structured import check_schema
 
 MAX_MESSAGES = 500
 MAX_CONTENT_CHARS = 256_000  # one message
@@ -105,7 +105,7 @@ TopLogprobs = Annotated[
     Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None, AfterValidator(_needs_logprobs)
 ]
 
-# Structured output (dashboard.api.structured): a JSON schema the grammar can enforce, checked
+# Structured output (inference.text.structured): a JSON schema the grammar can enforce, checked
 # (and converted once) while the body is validated; a raw GBNF grammar as llama-server takes it,
 # whose parse llama.cpp checks at submit.
 JsonSchema = Annotated[dict[str, Any], AfterValidator(check_schema)]

@@ -19,12 +19,12 @@ from dashboard.api.openai_schemas import ChatCompletionRequest
 from dashboard.api.prompts import chat_prompt
 from dashboard.api.runs import resolve_model
 from dashboard.api.schemas import ModelName, PromptText, Strict, parse_body, refuse_if
-from inference.catalog import spec_for
+from inference.catalog.specs import spec_for
 from inference.engine.tokens import MAX_TOKENS
 from inference.models import LLMModel
-from inference.prompting import Prompt
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError, TokenResult
+from inference.text.prompting import Prompt
 
 post = api_endpoint(dialect="openai", methods=("POST",))
 

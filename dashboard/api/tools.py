@@ -20,7 +20,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from dashboard.api.structured import UnsupportedSchema, tool_call_grammar
+from inference.text.structured import UnsupportedSchema, tool_call_grammar
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"

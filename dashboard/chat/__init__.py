@@ -1,7 +1,7 @@
 """The chat page's turns, from a browser's frame to a saved answer:
 
 - turns: preparing a turn (send, edit, regenerate, Continue), versions, renames;
-- prompt: what a turn's prompt holds (on the API's own prompt path, inference.prompting);
+- prompt: what a turn's prompt holds (on the API's own prompt path, inference.text.prompting);
 - window: which turns of a long chat the model still reads;
 - answers: the answers that run on when their socket goes away, and saving them.
 

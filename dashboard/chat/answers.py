@@ -32,7 +32,7 @@ from inference.engine.generation import Priority
 from inference.engine.host import ModelSpec
 from inference.history import record_answer
 from inference.serving.client import get_client
-from inference.thinking import ThinkingSplitter
+from inference.text.thinking import ThinkingSplitter
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,8 @@ class Turn:
     stop_reason: str = ""  # "stopped by the user" / "the connection closed"
     cancel_sent_to_stream: bool = False
     parts: list[str] = field(default_factory=list)
-    # A thinking model's <think> block, split off the answer as it streams (inference.thinking).
+    # A thinking model's <think> block, split off the answer as it streams
+    # (inference.text.thinking).
     splitter: ThinkingSplitter | None = None
     thinking_parts: list[str] = field(default_factory=list)
     thinking_started: float | None = None

@@ -21,7 +21,7 @@ from django.contrib.sessions.backends.base import SessionBase
 from dashboard.chat import ChatRefused
 from dashboard.chat import prompt as chat_prompt
 from dashboard.chat.turns import send_inputs
-from inference.catalog import spec_for
+from inference.catalog.specs import spec_for
 from inference.engine.host import ModelSpec
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError

@@ -1,7 +1,7 @@
 """A chat turn's prompt and generation request: the system prompt, the turns that still fit
 the context (dashboard.chat.window), the new question, rendered with the model's chat template
-on the API's own path (inference.prompting); and the request built from it the API's way too
-(inference.catalog.request_for), with the chat page's answer length and prefix-cache key.
+on the API's own path (inference.text.prompting); and the request built from it the API's way too
+(inference.catalog.specs.request_for), with the chat page's answer length and prefix-cache key.
 
 Apart from dashboard.chat, which persists the turn, because building the prompt only reads: a
 refusal here (a chat template that fails) leaves nothing to undo.
@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from dashboard.chat import ChatRefused
 from dashboard.chat import window as chat_window
 from dashboard.models import Conversation, Message
-from inference.catalog import request_for, spec_for
+from inference.catalog.specs import request_for, spec_for
 from inference.engine import GenerationRequest, InvalidParams
 from inference.engine.params import MAX_TOKENS_LIMIT
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.prompting import Prompt as Rendered
-from inference.prompting import prompt_for
+from inference.text.prompting import Prompt as Rendered
+from inference.text.prompting import prompt_for
 
 MIN_ANSWER_TOKENS = 2048  # the default answer length: what the context allows, at least this
 # What a chat answer uses unless the model's own default_params say otherwise (max_tokens is
@@ -96,7 +96,10 @@ def context_of(model: LLMModel) -> int:
     if model.n_ctx:
         return model.n_ctx
     try:
-        from inference.preflight import automatic_ctx, gguf_info  # reads the GGUF header only
+        from inference.planning.preflight import (
+            automatic_ctx,
+            gguf_info,
+        )  # reads the GGUF header only
 
         return automatic_ctx(gguf_info(model.weights.file_path), spec_for(model).config)
     except Exception:  # noqa: BLE001 - a missing or unreadable file: the load will say why

@@ -33,7 +33,8 @@ from dashboard.chat import ChatRefused
 from dashboard.chat import prompt as chat_prompt
 from dashboard.chat.answers import Claim, Turn, is_active, register
 from dashboard.models import Conversation, Message, newest_leaf, versions
-from inference.catalog import UnknownModel, resolve, spec_for
+from inference.catalog.lookup import UnknownModel, resolve
+from inference.catalog.specs import spec_for
 from inference.models import LLMModel
 
 MAX_CONTENT_CHARS = 100_000  # a long paste; the context's token limit is checked by the engine

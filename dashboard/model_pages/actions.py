@@ -16,27 +16,27 @@ from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dashboard.model_pages import lifecycle, views
+from dashboard.model_pages import readings, views
 from dashboard.model_pages.display import flash_text
 from dashboard.model_pages.forms import DownloadForm, UploadForm
 from dashboard.model_pages.uploads import ModelsDirUploadHandler
 from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import content_security_policy, staff_required
-from inference import plain, tasks
-from inference.dispatch import dispatch
-from inference.gguf import GGUFError
-from inference.importing import (
+from inference.catalog import operations
+from inference.catalog.importing import (
     AlreadyRegistered,
     ImportRefused,
     inside_models_dir,
     install_file,
-    is_packaged,
     models_dir,
     safe_filename,
     scan_report,
-    set_default,
 )
-from inference.jobs import cancel_job, dismiss_job
+from inference.catalog.operations import is_packaged, set_default
+from inference.gguf import GGUFError
+from inference.jobs import plain, tasks
+from inference.jobs.dispatch import dispatch
+from inference.jobs.progress import cancel_job, dismiss_job
 from inference.models import Job, LLMModel
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,7 @@ async def _model_or_404(name: str) -> LLMModel:
 async def load(request: HttpRequest, name: str) -> HttpResponse:
     model = await _model_or_404(name)
     try:
-        row = await lifecycle.load(model)
+        row = await operations.load(model)
     except Exception as exc:  # noqa: BLE001 - every refusal is shown: GGUFError, memory, busy
         log.info("load of %s refused: %s", model.name, exc)
         messages.error(request, flash_text(plain.message(exc, f"{model.name} was not loaded: ")))
@@ -248,7 +248,7 @@ def _save_settings(request: HttpRequest, model: LLMModel):
 async def reload(request: HttpRequest, name: str) -> HttpResponse:
     """Reload now (or, with wait=1, once its answers have ended) to apply saved settings."""
     model = await _model_or_404(name)
-    wait = lifecycle.RELOAD_WAIT_S if request.POST.get("wait") == "1" else 0.0
+    wait = readings.RELOAD_WAIT_S if request.POST.get("wait") == "1" else 0.0
     await _reload(request, model, wait_s=wait, saved=False)
     return redirect("model-detail", name=model.name)
 
@@ -256,8 +256,8 @@ async def reload(request: HttpRequest, name: str) -> HttpResponse:
 async def _reload(request: HttpRequest, model: LLMModel, *, wait_s: float, saved: bool) -> None:
     first = f"Settings of {model.name} saved" if saved else model.name
     try:
-        row = await lifecycle.reload(model, wait_s=wait_s)
-    except lifecycle.Refused as exc:
+        row = await operations.reload(model, wait_s=wait_s)
+    except operations.OperationRefused as exc:
         waited = f" within {wait_s:.0f} s" if wait_s else ""
         messages.warning(request, f"{first}; {exc}{waited}. Use “Reload when its answers end”, "
                                   "or reload it later: they apply at its next load.")  # fmt: skip
@@ -278,7 +278,7 @@ async def _reload(request: HttpRequest, model: LLMModel, *, wait_s: float, saved
 async def unload(request: HttpRequest, name: str) -> HttpResponse:
     model = await _model_or_404(name)
     try:
-        unloaded = await lifecycle.unload(model)
+        unloaded = await operations.unload(model)
     except Exception as exc:  # noqa: BLE001 - busy, or a worker that refused
         messages.error(request, f"{model.name} was not unloaded: {exc}")
     else:
@@ -296,8 +296,8 @@ async def delete(request: HttpRequest, name: str) -> HttpResponse:
     if request.method == "GET":
         return await sync_to_async(_confirm_delete)(request, model)
     try:
-        outcome = await lifecycle.delete(model)
-    except (lifecycle.Refused, OSError) as exc:
+        outcome = await operations.delete(model)
+    except (operations.OperationRefused, OSError) as exc:
         messages.error(request, f"{model.name} was not deleted: {exc}")
         return redirect("model-detail", name=model.name)
     messages.success(request, outcome + ".")
@@ -309,7 +309,7 @@ def _confirm_delete(request: HttpRequest, model: LLMModel) -> HttpResponse:
         "model": model,
         "packaged": is_packaged(model),
         "removes_file": not is_packaged(model) and inside_models_dir(model.file_path),
-        "loaded": lifecycle.loaded_rows(lifecycle.snapshots()).get(model.name),
+        "loaded": operations.loaded_rows(readings.snapshots()).get(model.name),
     })  # fmt: skip
     response["Content-Security-Policy"] = content_security_policy(request)
     return response

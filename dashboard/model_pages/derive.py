@@ -1,5 +1,5 @@
 """The models page's "derive a model": the same derived model as /api/create `from` makes
-(inference.creating): the base's weights, its own system prompt and sampling. Staff only."""
+(inference.catalog.creating): the base's weights, its own system prompt and sampling. Staff only."""
 
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 from dashboard.model_pages.display import flash_text
 from dashboard.model_pages.forms import DeriveForm
 from dashboard.web.security import staff_required
-from inference import creating
+from inference.catalog import creating
 
 
 @staff_required

@@ -2,7 +2,7 @@
 
 from django.utils.html import format_html
 
-from inference.plain import split
+from inference.jobs.plain import split
 
 
 def params_label(count: int | None) -> str:
@@ -17,8 +17,8 @@ def params_label(count: int | None) -> str:
 
 
 def bytes_label(count: int | None) -> str:
-    """GiB with one decimal from 1 GiB, whole MiB below (as inference.memory's messages), KiB
-    for the tiny."""
+    """GiB with one decimal from 1 GiB, whole MiB below (as inference.planning.memory's
+    messages), KiB for the tiny."""
     if count is None:
         return "?"
     if abs(count) >= 1 << 30:
@@ -41,7 +41,7 @@ def seconds_label(seconds: float | None) -> str:
 
 
 def flash_text(text: str) -> str:
-    """A stored message (inference.plain's form) as a flash: the sentence for people, the
+    """A stored message (inference.jobs.plain's form) as a flash: the sentence for people, the
     technical detail folded under it. Escaped here; safe for the template as a whole."""
     said = split(text)
     if not said.detail:

@@ -3,8 +3,11 @@ and a LAN download."""
 
 from django import forms
 
-from inference.catalog import parse_keep_alive
-from inference.downloads import validate_url
+from inference.catalog.fetching import validate_url
+from inference.catalog.importing import ImportRefused, check_name
+from inference.catalog.pulling.names import MAX_NAME_CHARS, InvalidName
+from inference.catalog.pulling.names import parse as parse_pull_name
+from inference.catalog.specs import parse_keep_alive
 from inference.engine.params import (
     _FLOAT_BOUNDS,  # the engine's own bound tables: the form refuses what the API refuses
     _INT_BOUNDS,
@@ -16,10 +19,7 @@ from inference.engine.params import (
 )
 from inference.gguf import ChatTemplateError
 from inference.gguf.render_pool import render_chat_isolated
-from inference.importing import ImportRefused, check_name
 from inference.models import LLMModel
-from inference.pulling.names import MAX_NAME_CHARS, InvalidName
-from inference.pulling.names import parse as parse_pull_name
 
 MAX_CONTEXT = 131072  # when the file does not state its context length
 # What a chat template override must render: a plain alternating conversation (no system
@@ -258,7 +258,7 @@ class DownloadForm(forms.Form):
 
 
 class PullForm(forms.Form):
-    """A model name to pull, as /api/pull takes it (inference.pulling.names)."""
+    """A model name to pull, as /api/pull takes it (inference.catalog.pulling.names)."""
 
     name = forms.CharField(
         max_length=MAX_NAME_CHARS,
@@ -284,8 +284,8 @@ def _free_name(name: str) -> str:
 
 
 class DeriveForm(forms.Form):
-    """A derived model (inference.creating): a name, the model whose weights it shares, and its
-    own system prompt and a few sampling defaults; the same checks as /api/create's."""
+    """A derived model (inference.catalog.creating): a name, the model whose weights it shares,
+    and its own system prompt and a few sampling defaults; the same checks as /api/create's."""
 
     name = forms.CharField(max_length=100, label="Name")
     base = forms.ModelChoiceField(queryset=LLMModel.objects.filter(base__isnull=True),

@@ -1,4 +1,4 @@
-"""The models page's "pull by name": the same pull job as /api/pull (inference.pulling), its
+"""The models page's "pull by name": the same pull job as /api/pull (inference.catalog.pulling), its
 progress in the page's jobs table like a download's. Staff only."""
 
 from django.contrib import messages
@@ -9,7 +9,7 @@ from django.views.decorators.http import require_POST
 from dashboard.model_pages.forms import PullForm
 from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import staff_required
-from inference import tasks
+from inference.jobs import tasks
 
 
 @staff_required

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.core.files.uploadedfile import UploadedFile
 from django.core.files.uploadhandler import FileUploadHandler
 
-from inference.importing import models_dir
+from inference.catalog.importing import models_dir
 
 
 class PartialUpload(UploadedFile):

@@ -1,9 +1,9 @@
-"""/models/: the model pages. Fixed paths come first; inference.importing.RESERVED_NAMES
+"""/models/: the model pages. Fixed paths come first; inference.catalog.importing.RESERVED_NAMES
 keeps a model from being named like one of them."""
 
 from django.urls import path, re_path
 
-from dashboard.model_pages import actions, copies, derive, pulls, views
+from dashboard.model_pages import actions, copy_to_box, derive, pulls, views
 
 urlpatterns = [
     path("", views.model_list, name="models"),
@@ -18,14 +18,14 @@ urlpatterns = [
     path("jobs/<int:pk>/retry/", actions.job_retry, name="model-job-retry"),
     path("jobs/<int:pk>/dismiss/", actions.job_dismiss, name="model-job-dismiss"),
     # A sha256 is never a model's page: a second path part and 64 hex digits.
-    re_path(r"^files/(?P<sha256>[0-9a-f]{64})/$", copies.model_file, name="model-file"),
+    re_path(r"^files/(?P<sha256>[0-9a-f]{64})/$", copy_to_box.model_file, name="model-file"),
     path("<slug:name>/", views.model_detail, name="model-detail"),
     path("<slug:name>/load/", actions.load, name="model-load"),
     path("<slug:name>/unload/", actions.unload, name="model-unload"),
     path("<slug:name>/apply/", actions.apply, name="model-apply"),
     path("<slug:name>/reload/", actions.reload, name="model-reload"),
     path("<slug:name>/default/", actions.make_default, name="model-default"),
-    path("<slug:name>/copy/", copies.copy_to_box, name="model-copy"),
-    path("<slug:name>/boxes/", copies.boxes, name="model-boxes"),
+    path("<slug:name>/copy/", copy_to_box.copy_to_box, name="model-copy"),
+    path("<slug:name>/boxes/", copy_to_box.boxes, name="model-boxes"),
     path("<slug:name>/delete/", actions.delete, name="model-delete"),
 ]

@@ -16,8 +16,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
 
-from dashboard.model_pages import copies as box_copies
-from dashboard.model_pages import lifecycle
+from dashboard.model_pages import copy_to_box, readings
 from dashboard.model_pages.display import bytes_label, params_label, seconds_label
 from dashboard.model_pages.forms import (
     DeriveForm,
@@ -28,13 +27,14 @@ from dashboard.model_pages.forms import (
 )
 from dashboard.web.health import UNUSABLE_STATES
 from dashboard.web.security import with_csp
-from inference import plain
-from inference.catalog import spec_for
+from inference.catalog import operations
+from inference.catalog.importing import copies, models_dir
+from inference.catalog.specs import spec_for
 from inference.engine.params import usable_defaults
-from inference.importing import copies, models_dir
-from inference.memory import MemoryEstimate
+from inference.jobs import plain
+from inference.jobs.tasks import RETRY_TASKS
 from inference.models import Job, LLMModel
-from inference.tasks import RETRY_TASKS
+from inference.planning.memory import MemoryEstimate
 
 RECENT_JOBS = 20
 
@@ -47,8 +47,8 @@ def wants_json(request: HttpRequest) -> bool:
 @require_GET
 @with_csp
 def model_list(request: HttpRequest) -> HttpResponse:
-    snaps = lifecycle.snapshots()
-    loaded = {name: loaded_view(row) for name, row in lifecycle.loaded_rows(snaps).items()}
+    snaps = readings.snapshots()
+    loaded = {name: loaded_view(row) for name, row in operations.loaded_rows(snaps).items()}
     models = list(LLMModel.objects.select_related("base"))
     same = copies(models)
     rows = [{
@@ -63,8 +63,8 @@ def model_list(request: HttpRequest) -> HttpResponse:
     return render(request, "model_pages/models.html", {
         "rows": rows,
         "loaded": sorted(loaded.values(), key=lambda r: r["name"]),
-        "loading": lifecycle.loading_names(snaps),
-        "memory": memory_view(lifecycle.memory(snaps)),
+        "loading": readings.loading_names(snaps),
+        "memory": memory_view(readings.memory(snaps)),
         "jobs": [job_view(job) for job in recent_jobs()],
         "upload_form": UploadForm(),
         "download_form": DownloadForm(),
@@ -88,7 +88,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
         model.refresh_from_db()  # the page shows the saved settings next to the form's errors
         return detail_page(request, model, form, status=400)
     model = save_settings(form)
-    row = lifecycle.loaded_rows(lifecycle.snapshots()).get(model.name)
+    row = operations.loaded_rows(readings.snapshots()).get(model.name)
     if model.base_id:
         note = "they apply to its next answer"
     elif row is None:
@@ -110,7 +110,7 @@ def settings_form(model: LLMModel, data=None) -> OwnSettingsForm:
 def save_settings(form: OwnSettingsForm) -> LLMModel:
     """Save a valid settings form with its estimate, noting when a load-time setting changed."""
     model = form.save(commit=False)
-    found, _ = lifecycle.estimate(model)
+    found, _ = operations.estimate(model)
     model.estimated_bytes = found.total_bytes if found else None
     if form.load_fields_changed:
         model.load_settings_changed_at = timezone.now()
@@ -122,11 +122,11 @@ def detail_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
                 status: int = 200) -> HttpResponse:  # fmt: skip
     if model.base_id:
         return derived_page(request, model, form, status)
-    snaps = lifecycle.snapshots()
-    found, why_not = lifecycle.estimate(model)
-    memory = lifecycle.memory(snaps)
-    loaded = lifecycle.loaded_rows(snaps).get(model.name)
-    runners = [runner_view(r) for r in lifecycle.runner_rows(snaps).get(model.name, [])]
+    snaps = readings.snapshots()
+    found, why_not = operations.estimate(model)
+    memory = readings.memory(snaps)
+    loaded = operations.loaded_rows(snaps).get(model.name)
+    runners = [runner_view(r) for r in readings.runner_rows(snaps).get(model.name, [])]
     hash_job = (
         Job.objects.filter(model=model, kind=Job.Kind.HASH,
                            state__in=[Job.State.PENDING, Job.State.RUNNING]).first()
@@ -142,19 +142,19 @@ def detail_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
         "facts": facts(model),
         "estimate": estimate_view(found, memory, model),
         "estimate_error": plain.split(why_not),
-        "verdict": "" if loaded else lifecycle.fit_verdict(found, memory),
+        "verdict": "" if loaded else readings.fit_verdict(found, memory),
         "measured": measured_label(model),
         "memory": memory_view(memory),
         "loaded": loaded_view(loaded) if loaded else None,
         "idle_line": idle_line(model),
         "stale_settings": bool(loaded) and settings_are_newer(model, loaded),
-        "loading": lifecycle.loading_names(snaps),
+        "loading": readings.loading_names(snaps),
         "runners": runners,
         "hash_job": hash_job,
         "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
         # Split mode: the inference workers and this model's file on each (None: one box).
-        "boxes": box_copies.boxes_for(model) if box_copies.split_mode() else None,
+        "boxes": copy_to_box.boxes_for(model) if copy_to_box.other_boxes() else None,
         "keys": sorted((model.metadata or {}).get("keys", {}).items()),
     }, status=status)  # fmt: skip
 
@@ -163,9 +163,9 @@ def derived_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
                  status: int) -> HttpResponse:  # fmt: skip
     """A derived model's page: its own settings; its base's load state, which is its own (it
     loads as its base), and a link to the base for everything about the weights."""
-    snaps = lifecycle.snapshots()
+    snaps = readings.snapshots()
     base = model.base
-    loaded = lifecycle.loaded_rows(snaps).get(base.name)
+    loaded = operations.loaded_rows(snaps).get(base.name)
     return render(request, "model_pages/derived.html", {
         "model": model,
         "base": base,
@@ -173,7 +173,7 @@ def derived_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
         "sampling": sorted(usable_defaults(model.default_params).items()),
         "loaded": loaded_view(loaded) if loaded else None,
         "idle_line": f"Not loaded: it loads as {base.name} on its first request.",
-        "loading": lifecycle.loading_names(snaps),
+        "loading": readings.loading_names(snaps),
     }, status=status)  # fmt: skip
 
 
@@ -235,7 +235,7 @@ RUNNER_SUMMARIES = {
 }
 
 
-def runner_view(row: lifecycle.RunnerRow) -> RunnerView:
+def runner_view(row: readings.RunnerRow) -> RunnerView:
     state = row["state"]
     if state == "running":
         summary = f"running (pid {row['pid']})" if row["pid"] is not None else "running"
@@ -268,7 +268,7 @@ def runner_view(row: lifecycle.RunnerRow) -> RunnerView:
     }
 
 
-def memory_view(memory: lifecycle.Memory | None) -> dict | None:
+def memory_view(memory: readings.Memory | None) -> dict | None:
     if memory is None:
         return None
     return {
@@ -282,7 +282,7 @@ def memory_view(memory: lifecycle.Memory | None) -> dict | None:
     }  # fmt: skip
 
 
-def estimate_view(found: MemoryEstimate | None, memory: lifecycle.Memory | None,
+def estimate_view(found: MemoryEstimate | None, memory: readings.Memory | None,
                   model: LLMModel) -> dict | None:  # fmt: skip
     if found is None:
         return None
@@ -304,7 +304,7 @@ def estimate_view(found: MemoryEstimate | None, memory: lifecycle.Memory | None,
 
 def kv_line(found: MemoryEstimate, model: LLMModel) -> str:
     """Where the KV cache's size comes from: every sequence slot, the running ones and the
-    prefix cache's, holds a context of its own (inference.memory)."""
+    prefix cache's, holds a context of its own (inference.planning.memory)."""
     config = spec_for(model).config
     running, cached = config.parallel, config.cache_slots
     slots = running + cached
@@ -344,14 +344,14 @@ def facts(model: LLMModel) -> list[tuple[str, str]]:
 def status(request: HttpRequest) -> JsonResponse:
     """What the pages refresh live: loads under way, loaded models, their runner processes,
     memory, recent jobs."""
-    snaps = lifecycle.snapshots()
-    memory = lifecycle.memory(snaps)
+    snaps = readings.snapshots()
+    memory = readings.memory(snaps)
     return JsonResponse({
-        "loading": lifecycle.loading_names(snaps),
-        "loaded": sorted((loaded_view(r) for r in lifecycle.loaded_rows(snaps).values()),
+        "loading": readings.loading_names(snaps),
+        "loaded": sorted((loaded_view(r) for r in operations.loaded_rows(snaps).values()),
                          key=lambda r: r["name"]),  # fmt: skip
         "runners": {name: [runner_view(r) for r in rows]
-                    for name, rows in lifecycle.runner_rows(snaps).items()},
+                    for name, rows in readings.runner_rows(snaps).items()},
         "memory": None if memory is None else {
             "ram_free": memory.ram_free, "ram_total": memory.ram_total,
             "gpu_free": memory.gpu_free, "gpu_total": memory.gpu_total,
@@ -386,7 +386,7 @@ def job_view(job: Job) -> dict:
 
 
 def retryable(job: Job) -> bool:
-    """As inference.tasks.retry decides: failed or cancelled, of a kind that runs again."""
+    """As inference.jobs.tasks.retry decides: failed or cancelled, of a kind that runs again."""
     if job.state not in (Job.State.FAILED, Job.State.CANCELLED) or job.kind not in RETRY_TASKS:
         return False
     return job.kind != Job.Kind.HASH or job.model_id is not None

@@ -19,6 +19,7 @@ import time
 from typing import TypedDict
 
 from inference.models import LLMModel
+from inference.planning.machine import free_gpu_bytes
 from inference.serving.announcement import WorkerAnnouncement
 from inference.serving.client import get_client
 
@@ -76,8 +77,7 @@ class _Readings:
                     names.setdefault(sha, []).append(name)
                 if os.path.isfile(path):
                     here.append((name, sha))
-            client = get_client()
-            found = client.announcements() if client.mode == "split" else []
+            found = get_client().announcements()
             self.names, self.here = names, here
             self.announcements = {a.worker: a for a in found}
             self.at = time.monotonic()
@@ -104,13 +104,6 @@ def _state(panels: dict) -> str:
     if failing:
         return "refusing " + ", ".join(failing) + ": its runner failed"
     return "ready"
-
-
-def _free_vram(memory: dict) -> int | None:
-    gpus = memory.get("gpus") or []
-    if not gpus:
-        return None
-    return sum(max(0, g["total_bytes"] - g["used_bytes"]) for g in gpus)
 
 
 def box_panel(
@@ -160,7 +153,8 @@ def box_panel(
         host = socket.gethostname() if panels.get("mode") == "embedded" else ""
         running = int(panels.get("active_sequences") or 0)
         queue_depth = int(panels.get("queue_depth") or 0)
-        ram_free, vram_free = memory.get("ram_available_bytes"), _free_vram(memory)
+        ram_free = memory.get("ram_available_bytes")
+        vram_free = free_gpu_bytes(memory.get("gpus") or [])
     return {
         "worker": str(panels.get("worker") or ""),
         "host": host,

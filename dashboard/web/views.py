@@ -16,7 +16,7 @@ from dashboard.chat import answers, turns
 from dashboard.chat import prompt as chat_prompt
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
-from inference.catalog import default_model
+from inference.catalog.lookup import default_model
 from inference.history import recent_requests
 from inference.models import LLMModel
 from inference.serving.client import get_client

@@ -11,7 +11,7 @@ Ollama: a duration after the last answer, 0 unloads right after the answer, a ne
 keeps the model loaded.
 
 Context per sequence: a spec may leave it automatic (ctx_per_seq 0); the preflight sizes it
-before the load (inference.preflight.fit). A request that needs more than the loaded engine
+before the load (inference.planning.preflight.fit). A request that needs more than the loaded engine
 holds (Ollama's num_ctx: `ModelSpec.min_ctx`, or a larger setting saved since the load)
 reloads the model with that context, as Ollama does: once the answers running on it have ended
 (waiting at most RELOAD_WAIT_S, then ModelBusy), and only after the preflight said the larger
@@ -42,7 +42,7 @@ RELOAD_WAIT_S = 120.0
 
 @dataclass(slots=True, frozen=True)
 class ModelSpec:
-    """What the host needs to load a model (inference.catalog.spec_for builds it)."""
+    """What the host needs to load a model (inference.catalog.specs.spec_for builds it)."""
 
     name: str
     config: object  # a RunnerConfig (kept untyped so this module never imports llama_cpp)

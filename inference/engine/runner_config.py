@@ -10,7 +10,7 @@ AUTOMATIC_CTX = 0  # ctx_per_seq chosen at load from the training context and fr
 class RunnerConfig:
     model_path: str
     # The most tokens (prompt + answer) one sequence may hold. 0: automatic, sized by the host's
-    # preflight before the load (inference.preflight.fit); a runner never receives 0.
+    # preflight before the load (inference.planning.preflight.fit); a runner never receives 0.
     ctx_per_seq: int = 2048
     parallel: int = 4  # sequences that can run at once with a full context each
     cache_slots: int = 4  # extra sequence ids that keep finished turns for the prefix cache

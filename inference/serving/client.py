@@ -7,8 +7,10 @@ Two implementations behind one interface, both on the serving core (inference.se
   channel layer.
 
 Code outside inference.serving asks the client, never the mode: what it streams, embeds, loads
-and unloads, its workers' snapshots, whether this process must publish those snapshots to the
-dashboards (`publishes_telemetry`), and the idle unload's sweep (`unload_idle`).
+and unloads, its workers' snapshots and announcements (`announcements`: none embedded), whether
+this process must publish those snapshots to the dashboards (`publishes_telemetry`), the idle
+unload's sweep (`unload_idle`), and copying a model to another box (`copies`: None where there
+is no other box).
 
 `stream()` takes the GenerationRequest the web side built and yields event dicts: {"type":
 "phase" | "progress" | "token" | "done" | "error", ...} as inference.engine.events defines them.
@@ -34,6 +36,8 @@ from django.conf import settings
 from inference.engine import GenerationRequest
 from inference.engine.generation import Priority
 from inference.engine.host import EngineHost, ModelSpec
+from inference.serving.announcement import WorkerAnnouncement
+from inference.serving.copies import ModelCopies
 from inference.serving.core import serve
 from inference.serving.embeds import EmbedJob, EmbedResult, embed
 from inference.serving.feed import worker_snapshot
@@ -59,6 +63,8 @@ class InferenceClient(Protocol):
     async def load(self, spec: ModelSpec) -> None: ...
     def unload_idle(self) -> list[str]: ...  # the models whose keep-alive ran out, unloaded
     def snapshots(self) -> list[dict]: ...  # one per inference worker
+    def announcements(self) -> list[WorkerAnnouncement]: ...  # the live workers; [] embedded
+    copies: ModelCopies | None  # copying a model's file to another box; None embedded
 
 
 class EmbeddedClient:
@@ -126,6 +132,11 @@ class EmbeddedClient:
 
     def snapshots(self) -> list[dict]:
         return [worker_snapshot(self.host, "embedded", mode="embedded", supervisor=self.supervisor)]
+
+    copies = None  # one box: nowhere to copy a model to
+
+    def announcements(self) -> list[WorkerAnnouncement]:
+        return []  # no inference workers: this process serves
 
 
 _client: InferenceClient | None = None

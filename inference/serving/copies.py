@@ -22,7 +22,7 @@ import hashlib
 import json
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import redis
@@ -34,6 +34,8 @@ COPY_TOKEN_TTL_S = 300  # the worker starts the transfer within this; the task w
 COPY_STATUS_TTL_S = 24 * 3600
 WORKER_HEADER = "X-Appliance-Worker"
 TOKEN_BYTES = 32
+# Publishing a copy task: a few quick tries, then the page says it failed.
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
 
 CopyState = Literal["queued", "copying", "done", "failed"]
 COPY_STATES: tuple[CopyState, ...] = ("queued", "copying", "done", "failed")
@@ -160,3 +162,33 @@ def statuses(client: redis.Redis, sha256: str) -> dict[str, CopyStatus]:
         except (ValueError, TypeError):
             continue
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCopies:
+    """The web side's part in copying a model to a box, as the inference client offers it
+    (InferenceClient.copies: split mode's client has one, the embedded one None): the model's
+    page asks the client, never the mode or its Redis."""
+
+    client: redis.Redis
+
+    def statuses(self, sha256: str) -> dict[str, CopyStatus]:
+        return statuses(self.client, sha256)
+
+    def start(self, job: CopyJob, worker: str, *, message: str) -> CopyStatus:
+        """Step 1: a token for (the job's sha256, `worker`) in the job, its status "queued", and
+        task COPY_TASK on the worker's own queue."""
+        from celery import current_app
+
+        from inference.serving.split_protocol import worker_queue
+
+        job = replace(job, token=issue_token(self.client, CopyGrant(job.sha256, worker)))
+        status = write_status(self.client, job.sha256, worker, "queued", total=job.size_bytes,
+                              message=message)  # fmt: skip
+        current_app.send_task(COPY_TASK, args=[job.to_dict()], queue=worker_queue(worker),
+                              retry=True, retry_policy=PUBLISH_RETRY,
+                              ignore_result=True)  # fmt: skip
+        return status
+
+    def redeem(self, token: str) -> CopyGrant | None:
+        return redeem(self.client, token)

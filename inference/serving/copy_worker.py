@@ -4,7 +4,7 @@ box's MODELS_DIR, where the worker's model index finds it by its sha256.
 
 1. The bytes stream to a hidden partial file in MODELS_DIR (`.copy-<sha256>.part`, which the
    model index and the directory scan leave alone) through the download guard
-   (inference.downloads.fetch_with_retries): the guard stays as it is, except that the web
+   (inference.catalog.fetching.fetch_with_retries): the guard stays as it is, except that the web
    box's own address and port are trusted for this transfer only (a loopback or private web
    box included), and a redirect elsewhere is judged like any download's.
 2. The sha256 is computed as the bytes arrive; more bytes than the file has stop the transfer
@@ -24,17 +24,18 @@ from urllib.parse import urlsplit
 import redis
 from django.conf import settings
 
-from inference import netguard, plain
-from inference.downloads import (
+from inference.catalog import netguard
+from inference.catalog.fetching import (
     ATTEMPTS,
     BACKOFF_S,
     RETRIED,
     DownloadError,
     fetch_with_retries,
 )
+from inference.catalog.importing import free_path, safe_filename
+from inference.catalog.netguard import AddressRefused, DownloadPolicy, redact_text
 from inference.gguf import GGUFError, read_gguf
-from inference.importing import free_path, safe_filename
-from inference.netguard import AddressRefused, DownloadPolicy, redact_text
+from inference.jobs import plain
 from inference.serving.copies import WORKER_HEADER, CopyJob, write_status
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ engines publishes: the web process when embedded, each inference worker in split
 import time
 
 from inference.engine.host import EngineHost
+from inference.planning.machine import system_readings
 from inference.serving.supervisor import RunnerSupervisor
-from inference.system import system_readings
 
 
 def worker_snapshot(

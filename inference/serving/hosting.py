@@ -21,7 +21,8 @@ def make_supervisor() -> RunnerSupervisor:
 
 def make_host(supervisor: RunnerSupervisor) -> EngineHost:
     """The serving host: every loaded model in a runner process of `supervisor`."""
-    from inference.preflight import fit, validate  # GGUF check; context sized, memory vs free
+    # GGUF check; context sized, memory vs free
+    from inference.planning.preflight import fit, validate
 
     def fits_beside_the_loaded(spec: ModelSpec, replacing: ModelSpec | None = None) -> ModelSpec:
         # Runs under the host's load lock, after room was made: what is loaded now stays.

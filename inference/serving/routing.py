@@ -12,8 +12,9 @@ prefix, then load):
    requests waiting in their engines) while another worker has the file and room: that worker
    loads a second copy (rule 3's choice, reason SECOND_COPY).
 3. A worker that has the file (by sha256) and room for it: announced free memory (VRAM where it
-   has a GPU, else RAM) at least the file's size; the worker's own preflight (inference.preflight)
-   still checks the whole estimate when it loads. Most free memory first.
+   has a GPU, else RAM) at least the file's size; the worker's own preflight
+   (inference.planning.preflight) still checks the whole estimate when it loads. Most free
+   memory first.
 4. Else a refusal that names the model and why no worker can take it.
 
 A model without a known digest (its hash job has not run yet) cannot be found by content: any

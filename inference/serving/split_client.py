@@ -48,6 +48,7 @@ from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving import split_protocol as protocol
 from inference.serving.announcement import WorkerAnnouncement
+from inference.serving.copies import ModelCopies
 from inference.serving.embeds import EmbedError, EmbedJob, EmbedResult
 from inference.serving.routing import NoRoute, Route, Wanted, route
 from inference.serving.tokens import TokenError, TokenJob, TokenResult
@@ -133,6 +134,7 @@ class SplitClient:
         if not self.redis_url:
             raise ImproperlyConfigured("split mode needs REDIS_URL")
         self.redis = protocol.connect(self.redis_url)
+        self.copies = ModelCopies(self.redis)
         self.worker_wait_s = worker_wait_s
         self.queue_wait_s = queue_wait_s
         self.control_timeout_s = control_timeout_s
@@ -157,7 +159,7 @@ class SplitClient:
     def _broker_pool(self):
         with self._broker_lock:
             if self._broker is None:
-                from appliance.celery import app
+                from celery import current_app as app
 
                 connection = app.connection_for_write(
                     self.redis_url,
@@ -171,7 +173,7 @@ class SplitClient:
             return self._broker
 
     def _publish(self, payload: dict, request_id: str, task: str, queue: str) -> None:
-        from appliance.celery import app
+        from celery import current_app as app
 
         with self._broker_pool().acquire(block=True, timeout=PUBLISH_TIMEOUT_S) as connection:
             app.send_task(

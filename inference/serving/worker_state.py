@@ -34,18 +34,18 @@ import redis
 from channels.layers import get_channel_layer
 from django.conf import settings
 
+from inference.catalog.starter import packaged_models
 from inference.engine.events import RequestHandle
 from inference.engine.generation import Priority
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused
+from inference.planning.machine import free_gpu_bytes, gpu_readings
 from inference.serving import split_protocol as keys
 from inference.serving.announcement import LoadedModel, WorkerAnnouncement
 from inference.serving.feed import publish, worker_snapshot
 from inference.serving.hosting import make_host, make_supervisor
 from inference.serving.model_index import ModelIndex
 from inference.serving.worker_control import execute_control
-from inference.starter import packaged_models
-from inference.system import gpu_readings
 
 log = logging.getLogger(__name__)
 
@@ -272,8 +272,7 @@ class WorkerRuntime:
             serves=self.index.served(), loaded=tuple(loaded),
             queue_depth=self.waiting_count(), running=self.running_count(),
             ram_free_bytes=psutil.virtual_memory().available,
-            vram_free_bytes=sum(g["total_bytes"] - g["used_bytes"] for g in gpus) if gpus
-            else None,
+            vram_free_bytes=free_gpu_bytes(gpus),
             time=time.time(),
         )  # fmt: skip
 

@@ -198,7 +198,7 @@ async def test_each_snapshot_carries_its_workers_box_with_the_models_by_name(
     admin_user, fast_telemetry, models_dir, tiny_file
 ):
     from dashboard.web.boxes import forget
-    from inference.importing import register_file
+    from inference.catalog.importing import register_file
 
     model = await asyncio.to_thread(register_file, tiny_file, source="scan")
     forget()  # registered a moment ago: read the registry again

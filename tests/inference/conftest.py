@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from inference import netguard
+from inference.catalog import netguard
 from tests.inference.ggufs import corrupt_copy, tiny_gguf
 from tests.inference.http_server import ModelServer
 

@@ -1,5 +1,5 @@
 """First-run setup: the admin account, the models already on disk or in packages, and the
-removal of uploaded blobs no model was made of (inference.tasks.keep_blobs_pruned).
+removal of uploaded blobs no model was made of (inference.jobs.tasks.keep_blobs_pruned).
 
 No default password is ever used on the LAN: ADMIN_PASSWORD sets it, otherwise a random one is
 generated and printed once, on the run that creates the account.
@@ -17,14 +17,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         self.ensure_admin()
-        from inference.importing import register_packaged_models, scan_models_dir
-        from inference.tasks import schedule_hash
+        from inference.catalog.importing import register_packaged_models, scan_models_dir
+        from inference.jobs.tasks import schedule_hash
 
         for model in register_packaged_models():
             self.stdout.write(f"starter model: {model.name} ({model.file_path})")
         for model in scan_models_dir(schedule_hash):
             self.stdout.write(f"found model: {model.name} ({model.file_path})")
-        from inference.tasks import keep_blobs_pruned
+        from inference.jobs.tasks import keep_blobs_pruned
 
         keep_blobs_pruned()  # uploads no model was made of, left from before
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from inference.gguf import GGUFError, read_gguf
-from inference.importing import (
+from inference.catalog.importing import (
     CHUNK_BYTES,
     ImportRefused,
     check_name,
@@ -26,6 +25,7 @@ from inference.importing import (
     registered_copy,
     safe_filename,
 )
+from inference.gguf import GGUFError, read_gguf
 from inference.models import LLMModel
 
 MiB = 1 << 20

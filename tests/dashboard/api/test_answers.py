@@ -3,7 +3,7 @@ only, and a streamed answer comes out as the same answer parsed whole."""
 
 from dashboard.api.answers import AnswerParser, Piece
 from dashboard.api.tools import ToolCallParser
-from inference.thinking import ThinkingSplitter
+from inference.text.thinking import ThinkingSplitter
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 ANSWER = f"I could write {CALL} here.\n</think>\n\nLet me check.{CALL}"

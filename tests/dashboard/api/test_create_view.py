@@ -75,7 +75,7 @@ async def test_an_upload_sweeps_out_a_blob_left_unused_past_its_retention(
     import os
     import time
 
-    from inference import blobs
+    from inference.catalog import blobs
 
     settings.BLOB_RETENTION_HOURS = 1
     client, admin = AsyncClient(), await headers_for("admin")

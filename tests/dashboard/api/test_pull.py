@@ -10,8 +10,8 @@ import ollama
 import pytest
 
 from tests.dashboard.api.server import Appliance
+from tests.inference.catalog.pulling.registry import FakeRegistry, digest_of
 from tests.inference.ggufs import tiny_gguf
-from tests.inference.pulling.registry import FakeRegistry, digest_of
 
 pytestmark = pytest.mark.model
 

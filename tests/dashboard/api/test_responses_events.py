@@ -14,7 +14,7 @@ from dashboard.api.answers import AnswerParser
 from dashboard.api.responses_events import ResponseBuilder
 from dashboard.api.responses_schemas import ResponsesRequest
 from dashboard.api.tools import ToolCallParser
-from inference.thinking import ThinkingSplitter
+from inference.text.thinking import ThinkingSplitter
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 FIGURES = {"prompt_tokens": 12, "output_tokens": 7, "cached_tokens": 4}

@@ -18,7 +18,7 @@ import pytest
 
 from inference.gguf.chat_template import render_chat
 from tests.dashboard.api.server import STARTER
-from tests.inference.thinking_templates import FEW_SHOT
+from tests.inference.text.thinking_templates import FEW_SHOT
 
 pytestmark = pytest.mark.model
 

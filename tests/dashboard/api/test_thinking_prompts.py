@@ -6,11 +6,11 @@ import pytest
 from dashboard.api.errors import ApiError
 from dashboard.api.ollama_shapes import show
 from dashboard.api.prompts import _render, raw_prompt
-from inference.importing import register_file
+from inference.catalog.importing import register_file
 from inference.models import LLMModel
-from inference.thinking import thinking_mode
+from inference.text.thinking import thinking_mode
 from tests.inference.ggufs import tiny_gguf
-from tests.inference.thinking_templates import DEEPSEEK_R1, QWEN3
+from tests.inference.text.thinking_templates import DEEPSEEK_R1, QWEN3
 
 pytestmark = pytest.mark.django_db
 

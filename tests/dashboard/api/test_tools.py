@@ -142,7 +142,7 @@ def test_a_template_without_tools_renders_a_plain_prompt_and_parses_nothing():
 def test_an_answer_that_may_hold_calls_gets_a_lazy_tool_call_grammar():
     from dashboard.api.prompts import ChatPrompt
     from inference.engine.params import SamplingParams
-    from inference.prompting import Prompt
+    from inference.text.prompting import Prompt
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

@@ -389,7 +389,7 @@ def test_the_token_counter_counts_on_a_loaded_model_and_estimates_otherwise(
 
 
 def test_a_thinking_models_thoughts_are_shown_folded(browser, live_appliance, answers):
-    from tests.inference.thinking_templates import FEW_SHOT
+    from tests.inference.text.thinking_templates import FEW_SHOT
 
     answers(max_tokens=60, temperature=0.0)
     live_appliance.shell(f"{MODEL} m.chat_template_override = {FEW_SHOT!r}; m.save()")

@@ -167,7 +167,7 @@ def test_sampling_defaults_are_a_form_and_save_and_reload_applies_settings(page,
 
 def test_a_failed_job_can_be_retried_and_dismissed(page, appliance):
     page.goto(appliance.url + "/models/")
-    # Loopback is never downloaded from (inference.netguard): a job that fails at once.
+    # Loopback is never downloaded from (inference.catalog.netguard): a job that fails at once.
     page.fill("#id_url", "http://127.0.0.1:9/model.gguf")
     page.click("form[action$='/download/'] button")
     row = page.locator("#job-rows tr[data-job]").first

@@ -335,7 +335,7 @@ async def test_a_three_hour_chat_outgrows_the_context_and_goes_on(short_answers,
 
 
 async def test_a_thinking_models_thoughts_stream_apart_and_are_saved_apart(starter_model, member):
-    from tests.inference.thinking_templates import FEW_SHOT
+    from tests.inference.text.thinking_templates import FEW_SHOT
 
     # The starter model's weights under a template that makes it write a <think> block first.
     starter_model.chat_template_override = FEW_SHOT

@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.messages import get_messages
 
+from inference.catalog.importing import register_file
 from inference.engine.host import EngineHost
-from inference.importing import register_file
-from inference.preflight import fit
+from inference.planning.preflight import fit
 from inference.serving import client as client_module
 from inference.serving.client import EmbeddedClient, set_client
 from tests.inference import conftest as shared

@@ -5,7 +5,7 @@ import pytest
 from django.urls import reverse
 
 from dashboard.models import ApiKey
-from inference.importing import unregister
+from inference.catalog.operations import unregister
 from inference.models import Job, RequestRecord
 
 pytestmark = pytest.mark.django_db
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db
 
 def test_the_model_list_shows_loaded_state_and_hidden_models(staff, tiny_model, fake_engine,
                                                              starter_path):  # fmt: skip
-    from inference.importing import register_packaged_models
+    from inference.catalog.importing import register_packaged_models
 
     (packaged,) = register_packaged_models()
     unregister(packaged)

@@ -6,7 +6,7 @@ import hashlib
 import pytest
 import redis as redis_lib
 
-from inference.importing import register_file
+from inference.catalog.importing import register_file
 from inference.serving import copies
 from inference.serving.split_client import SplitClient
 

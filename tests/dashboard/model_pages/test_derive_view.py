@@ -4,7 +4,7 @@ registry table with its base; staff only."""
 import pytest
 from django.urls import reverse
 
-from inference.catalog import spec_for
+from inference.catalog.specs import spec_for
 from inference.models import LLMModel
 from tests.dashboard.model_pages.conftest import flashes
 
@@ -50,7 +50,7 @@ def test_deleting_a_derived_model_from_its_page_keeps_the_base(staff, tiny_model
 
 
 def derived(base, name: str = "cook", **fields) -> LLMModel:
-    from inference import creating
+    from inference.catalog import creating
 
     return creating.derive(base, name, **fields)
 

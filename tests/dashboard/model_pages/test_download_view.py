@@ -6,7 +6,7 @@ import hashlib
 import pytest
 from django.urls import reverse
 
-from inference.downloads import part_path
+from inference.catalog.downloads import part_path
 from inference.models import Job, LLMModel
 from tests.dashboard.model_pages.conftest import flashes
 from tests.inference.engine.fakes import wait_until

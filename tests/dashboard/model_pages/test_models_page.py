@@ -9,9 +9,9 @@ import threading
 import pytest
 from django.urls import reverse
 
-from inference.catalog import spec_for
+from inference.catalog.importing import hash_model_job, register_file
+from inference.catalog.specs import spec_for
 from inference.engine.params import SamplingParams
-from inference.importing import hash_model_job, register_file
 from inference.models import Job, LLMModel
 from tests.dashboard.model_pages.conftest import flashes
 from tests.dashboard.model_pages.test_settings_form import VALID

@@ -4,10 +4,10 @@ estimate against free memory, the hash in progress."""
 import pytest
 from django.urls import reverse
 
-from dashboard.model_pages import lifecycle
-from inference.importing import register_file, scan_models_dir
+from dashboard.model_pages import readings
+from inference.catalog.importing import register_file, scan_models_dir
+from inference.jobs.tasks import schedule_hash
 from inference.models import Job
-from inference.tasks import schedule_hash
 from tests.inference.ggufs import corrupt_copy, tiny_gguf
 
 pytestmark = pytest.mark.django_db
@@ -95,13 +95,13 @@ def test_the_estimate_is_shown_against_free_memory(staff, tiny_model):
 
 
 def test_a_model_that_would_not_fit_says_so_with_the_numbers(staff, tiny_model, monkeypatch):
-    real = lifecycle.memory
+    real = readings.memory
 
     def tiny(snaps):
         found = real(snaps)
-        return lifecycle.Memory(1 << 20, found.ram_total, None, None, found.worker_bytes, [])
+        return readings.Memory(1 << 20, found.ram_total, None, None, found.worker_bytes, [])
 
-    monkeypatch.setattr(lifecycle, "memory", tiny)
+    monkeypatch.setattr(readings, "memory", tiny)
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "Would not load now: needs" in page and "1 MiB of RAM is free" in page
 
@@ -112,7 +112,7 @@ def test_the_hash_shows_progress_until_the_job_is_done(staff, models_dir, tiny_f
     page = staff.get(reverse("model-detail", args=[model.name])).content.decode()
     assert "hashing…" in page and reverse("model-job", args=[job.id]) in page
 
-    from inference.importing import hash_model_job
+    from inference.catalog.importing import hash_model_job
 
     hash_model_job(job.id)
     answer = staff.get(reverse("model-job", args=[job.id])).json()
@@ -146,7 +146,7 @@ def test_on_a_box_with_a_gpu_the_estimate_is_split_and_nvml_is_shown(staff, tiny
             "rss_bytes": gib, "ram_total_bytes": 64 * gib, "ram_available_bytes": 60 * gib,
         },
     }  # fmt: skip
-    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+    monkeypatch.setattr(readings, "snapshots", lambda: [snapshot])
 
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
 
@@ -180,7 +180,7 @@ def test_a_models_page_says_its_runner_is_backing_off_and_why(staff, tiny_model,
          "note": SELF_CHECK},
         {"model": "another-model", "state": "running", "pid": 99, "last_exit": "not this one"},
     )  # fmt: skip
-    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+    monkeypatch.setattr(readings, "snapshots", lambda: [snapshot])
 
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
 
@@ -202,7 +202,7 @@ def test_a_running_runner_shows_its_pid_and_no_back_off(staff, tiny_model, monke
     snapshot = runner_snapshot({"model": tiny_model.name, "state": "running", "pid": 4242,
                                 "restarts": 1, "last_exit": SEGV,
                                 "last_exit_at": 995.0})  # fmt: skip
-    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+    monkeypatch.setattr(readings, "snapshots", lambda: [snapshot])
 
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
 
@@ -218,7 +218,7 @@ def test_a_running_runner_shows_its_pid_and_no_back_off(staff, tiny_model, monke
 ])  # fmt: skip
 def test_each_runner_state_is_said_in_plain_words(staff, tiny_model, monkeypatch, state, words):
     snapshot = runner_snapshot({"model": tiny_model.name, "state": state})
-    monkeypatch.setattr(lifecycle, "snapshots", lambda: [snapshot])
+    monkeypatch.setattr(readings, "snapshots", lambda: [snapshot])
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert words in page
     assert ('class="refusal">' + words in page) == (state == "failed")  # only failed refuses
@@ -235,7 +235,7 @@ def test_with_several_workers_each_runner_names_its_worker(staff, tiny_model, mo
                              worker="box-a"),
              runner_snapshot({"model": tiny_model.name, "state": "crashed", "last_exit": SEGV},
                              worker="box-b")]  # fmt: skip
-    monkeypatch.setattr(lifecycle, "snapshots", lambda: snaps)
+    monkeypatch.setattr(readings, "snapshots", lambda: snaps)
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "<th>State on box-a</th><td>running (pid 1)</td>" in page
     assert "<th>State on box-b</th><td>crashed" in page

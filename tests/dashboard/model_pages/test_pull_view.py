@@ -6,11 +6,11 @@ import hashlib
 import pytest
 from django.urls import reverse
 
-from inference.catalog import resolve
+from inference.catalog.lookup import resolve
 from inference.models import Job
 from tests.dashboard.model_pages.conftest import flashes
 from tests.dashboard.model_pages.test_download_view import poll
-from tests.inference.pulling import conftest as pulling
+from tests.inference.catalog.pulling import conftest as pulling
 
 # The loopback registry and tiny GGUF of the pull job's tests.
 registry = pulling.registry

@@ -39,7 +39,7 @@ def test_an_uploaded_gguf_is_moved_into_the_models_directory_and_registered(
     job = Job.objects.get(pk=answer["hash_job"])
     assert job.kind == Job.Kind.HASH and job.model == model
 
-    from inference.importing import hash_model_job
+    from inference.catalog.importing import hash_model_job
 
     assert hash_model_job(job.id) == hashlib.sha256(data).hexdigest()
 

@@ -23,7 +23,7 @@ def test_it_reports_an_embedded_appliance_as_usable_without_a_login(client):
 def test_it_lists_the_loaded_models(client, starter_model):
     from asgiref.sync import async_to_sync
 
-    from inference.catalog import spec_for
+    from inference.catalog.specs import spec_for
     from inference.serving.client import get_client
 
     async_to_sync(get_client().load)(spec_for(starter_model))

@@ -11,7 +11,7 @@ from inference.engine import host as host_module
 from inference.engine.host import FALLBACK_CTX, EngineHost, ModelBusy, ModelSpec
 from inference.engine.params import SamplingParams
 from inference.engine.runner_config import RunnerConfig
-from inference.memory import InsufficientMemory
+from inference.planning.memory import InsufficientMemory
 from tests.inference.engine.fakes import ask, engines_on
 
 from .fakes import FakeRunner, wait_until

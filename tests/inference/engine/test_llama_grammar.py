@@ -8,10 +8,10 @@ import threading
 import jsonschema
 import pytest
 
-from dashboard.api.structured import schema_grammar
+from inference.catalog.starter import starter_model_path
 from inference.engine import Engine, SamplingParams
 from inference.engine.params import InvalidParams
-from inference.starter import starter_model_path
+from inference.text.structured import schema_grammar
 from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from inference.catalog.starter import starter_model_path
 from inference.engine import Engine, PromptTooLong, SamplingParams
 from inference.engine.params import InvalidParams
 from inference.engine.prefix_cache import KvTrim
-from inference.starter import starter_model_path
 from tests.inference.engine.fakes import ask
 
 pytestmark = pytest.mark.model

@@ -23,7 +23,7 @@ from inference.gguf.render_pool import (
     RenderRequest,
     render_chat_isolated,
 )
-from tests.inference.thinking_templates import DEEPSEEK_R1, FEW_SHOT, QWEN3
+from tests.inference.text.thinking_templates import DEEPSEEK_R1, FEW_SHOT, QWEN3
 
 CONVERSATION = [{"role": "user", "content": "Hi there"}]
 # A generous bound: the pool kills at the 5 s cap plus a grace; this only catches "ran on".

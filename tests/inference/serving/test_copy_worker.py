@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from inference import netguard
-from inference.downloads import DownloadError
+from inference.catalog import netguard
+from inference.catalog.fetching import DownloadError
 from inference.serving.copies import COPY_TOKEN_TTL_S, CopyJob, CopyStatus
 from inference.serving.copy_worker import CopyProgress, web_box_policy
 from inference.serving.model_index import ModelIndex

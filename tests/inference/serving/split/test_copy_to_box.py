@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.importing import register_file
+from inference.catalog.importing import register_file
 from inference.models import LLMModel
 from inference.serving import copies
 from inference.serving.split_protocol import worker_queue

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from dashboard.models import Conversation, Message
-from inference.importing import register_file
-from inference.jobs import JobProgress
+from inference.catalog.importing import register_file
+from inference.jobs.progress import JobProgress
 from inference.models import Job, LLMModel, RequestRecord
 from tests.inference.ggufs import tiny_gguf
 
