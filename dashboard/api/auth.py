@@ -16,7 +16,8 @@ anonymous or oversized body before it is read. An endpoint is gated the day it i
 `caller_fields` is what a generation takes from who asked, the same for every generation view:
 its conversation and partition in the prefix cache, its priority (the key's, or lower if the
 request asks: never higher) and its share in fair-share admission (the key's, or one of its
-app's users when Open WebUI names them).
+app's users when Open WebUI names them). `granted_keep_alive` is how long a generation may keep
+its model loaded: what a manage key asks, at most the model's own for a chat key.
 """
 
 import functools
@@ -38,7 +39,9 @@ from django.views.decorators.csrf import csrf_exempt
 from dashboard.api.errors import ApiError, Dialect, invalid
 from dashboard.api.ratelimit import get_limiter
 from dashboard.models import ApiKey
+from inference.catalog.specs import spec_for
 from inference.engine.generation import PRIORITIES, Priority
+from inference.models import LLMModel
 
 log = logging.getLogger(__name__)
 
@@ -293,3 +296,20 @@ def caller_fields(request: HttpRequest, *, asked: Priority = "interactive") -> C
         priority=priority_of(request, asked),
         share=share_of(request),
     )
+
+
+def granted_keep_alive(api_key: ApiKey, model: LLMModel, asked: float | None) -> float | None:
+    """The keep_alive a generation runs with. A manage or admin key's is used as sent. A chat
+    key's is clamped to the model's own keep-alive (its page, else DEFAULT_KEEP_ALIVE): shorter
+    (0 included) is kept, as it only frees memory sooner, which asking for another model can do
+    anyway; longer or negative (pin for ever) becomes the model's own, so that one app cannot
+    hold the memory every app shares. Clamped, not refused: Home Assistant's Ollama integration
+    sends keep_alive -1 with every request, and its calls must keep working on a chat key."""
+    if asked is None or api_key.allows(ApiKey.Scope.MANAGE):
+        return asked
+    own = spec_for(model).keep_alive
+    if own < 0 or 0 <= asked <= own:
+        return asked
+    log.debug("keep_alive %s from chat key %s clamped to %s's own %s s",
+              asked, api_key.name, model.name, own)  # fmt: skip
+    return None  # the model's own keep-alive

@@ -10,34 +10,31 @@ import functools
 from django.http import HttpRequest, JsonResponse
 from pydantic.json_schema import models_json_schema
 
-from dashboard.api import (
-    anthropic_schemas,
-    embed_schemas,
-    ollama_schemas,
-    openai_schemas,
-    responses_schemas,
-    tokens,
-)
+from dashboard.api.anthropic import schemas as anthropic
 from dashboard.api.auth import api_endpoint
+from dashboard.api.llama_server import views as llama_server
+from dashboard.api.ollama import schemas as ollama
+from dashboard.api.openai import schemas as openai
+from dashboard.api.responses import schemas as responses
 
 REF = "#/components/schemas/{model}"
 BODIES = {
-    "ChatCompletionRequest": openai_schemas.ChatCompletionRequest,
-    "CompletionRequest": openai_schemas.CompletionRequest,
-    "ResponsesRequest": responses_schemas.ResponsesRequest,
-    "OllamaChatRequest": ollama_schemas.OllamaChatRequest,
-    "OllamaGenerateRequest": ollama_schemas.OllamaGenerateRequest,
-    "OllamaModelRequest": ollama_schemas.OllamaModelRequest,
-    "OllamaPullRequest": ollama_schemas.OllamaPullRequest,
-    "OllamaCreateRequest": ollama_schemas.OllamaCreateRequest,
-    "OllamaCopyRequest": ollama_schemas.OllamaCopyRequest,
-    "OpenAIEmbeddingRequest": embed_schemas.OpenAIEmbeddingRequest,
-    "OllamaEmbedRequest": embed_schemas.OllamaEmbedRequest,
-    "OllamaEmbeddingsRequest": embed_schemas.OllamaEmbeddingsRequest,
-    "MessagesRequest": anthropic_schemas.MessagesRequest,
-    "CountTokensRequest": anthropic_schemas.CountTokensRequest,
-    "TokenizeRequest": tokens.TokenizeRequest,
-    "DetokenizeRequest": tokens.DetokenizeRequest,
+    "ChatCompletionRequest": openai.ChatCompletionRequest,
+    "CompletionRequest": openai.CompletionRequest,
+    "ResponsesRequest": responses.ResponsesRequest,
+    "OllamaChatRequest": ollama.OllamaChatRequest,
+    "OllamaGenerateRequest": ollama.OllamaGenerateRequest,
+    "OllamaModelRequest": ollama.OllamaModelRequest,
+    "OllamaPullRequest": ollama.OllamaPullRequest,
+    "OllamaCreateRequest": ollama.OllamaCreateRequest,
+    "OllamaCopyRequest": ollama.OllamaCopyRequest,
+    "OpenAIEmbeddingRequest": openai.OpenAIEmbeddingRequest,
+    "OllamaEmbedRequest": ollama.OllamaEmbedRequest,
+    "OllamaEmbeddingsRequest": ollama.OllamaEmbeddingsRequest,
+    "MessagesRequest": anthropic.MessagesRequest,
+    "CountTokensRequest": anthropic.CountTokensRequest,
+    "TokenizeRequest": llama_server.TokenizeRequest,
+    "DetokenizeRequest": llama_server.DetokenizeRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -92,7 +89,8 @@ RESPONSES = {
     "OllamaAnswer": {"type": "object", "required": ["model", "created_at", "done"],
                      "properties": {"done": {"type": "boolean"}, "done_reason": {"type": "string"},
                                     "total_duration": {"type": "integer", "minimum": 0},
-                                    "eval_count": {"type": "integer", "minimum": 0}}},
+                                    "eval_count": {"type": "integer", "minimum": 0},
+                                    "timings": _OBJECT}},
     "OllamaModels": {"type": "object", "required": ["models"],
                      "properties": {"models": {"type": "array", "items": _OBJECT}}},
     "OllamaShow": {"type": "object", "required": ["details", "model_info", "capabilities"]},

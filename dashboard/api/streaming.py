@@ -1,4 +1,5 @@
-"""The two streamed wire formats: server-sent events (OpenAI) and NDJSON lines (Ollama)."""
+"""The two streamed wire formats: server-sent events (OpenAI, the Responses API, Anthropic) and
+NDJSON lines (Ollama)."""
 
 import json
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ def sse(data: dict) -> bytes:
 
 
 def sse_event(data: dict) -> bytes:
-    """A server-sent event named by its `type` (the Responses API's events)."""
+    """A server-sent event named by its `type` (the Responses API's and Anthropic's events)."""
     return f"event: {data['type']}\ndata: {dumps(data)}\n\n".encode()
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from inference.engine.params import InvalidParams
 
-MAX_TEXT_CHARS = 1_000_000  # a whole conversation's prompt (dashboard.api.schemas agrees)
+MAX_TEXT_CHARS = 1_000_000  # a whole conversation's prompt (dashboard.api.bodies agrees)
 MAX_TOKENS = 1 << 20
 
 

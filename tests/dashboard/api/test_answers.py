@@ -1,7 +1,7 @@
 """An answer split into thinking, content and tool calls: calls are parsed out of the content
 only, and a streamed answer comes out as the same answer parsed whole."""
 
-from dashboard.api.answers import AnswerParser, Piece
+from dashboard.api.answer_parser import AnswerParser, Piece
 from dashboard.api.tools import ToolCallParser
 from inference.text.thinking import ThinkingSplitter
 
@@ -13,8 +13,15 @@ def parser() -> AnswerParser:
     return AnswerParser(ThinkingSplitter(inside=True), ToolCallParser({"get_weather"}))
 
 
+def whole(parser: AnswerParser, text: str):
+    """A whole answer parsed at once: fed as one piece, then finished."""
+    first = parser.feed(text)
+    rest, calls = parser.finish()
+    return first + rest, calls
+
+
 def test_a_call_in_the_thinking_is_thinking_and_a_call_in_the_content_is_a_call():
-    piece, calls = parser().whole(ANSWER)
+    piece, calls = whole(parser(), ANSWER)
     assert piece == Piece(f"I could write {CALL} here.", "Let me check.")
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris"})]
 
@@ -25,7 +32,7 @@ def test_streamed_in_pieces_the_answer_splits_the_same_as_whole():
     rest, calls = streaming.finish()
     thinking = "".join(p.thinking for p in pieces) + rest.thinking
     content = "".join(p.content for p in pieces) + rest.content
-    assert Piece(thinking, content) == parser().whole(ANSWER)[0]
+    assert Piece(thinking, content) == whole(parser(), ANSWER)[0]
     assert [c.name for c in calls] == ["get_weather"]
     assert not any(p.content for p in pieces[: len(ANSWER.split("</think>")[0]) // 5])
 

@@ -7,11 +7,12 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from dashboard.api.answers import Piece
-from dashboard.api.anthropic_schemas import MessagesRequest
-from dashboard.api.anthropic_views import _Blocks, stop_reason, usage
+from dashboard.api.answer_parser import Piece
+from dashboard.api.anthropic.schemas import MessagesRequest
+from dashboard.api.anthropic.views import _Blocks, stop_reason
+from dashboard.api.bodies import validation_error
 from dashboard.api.errors import ApiError
-from dashboard.api.schemas import validation_error
+from dashboard.api.figures import anthropic_usage as usage
 from dashboard.api.tools import ToolCall
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object"}}

@@ -1,7 +1,7 @@
 """A pull job's rows as Ollama's progress lines: every phase said once and in order, even one
 that no read of the row caught, and the end as success or an error with its status."""
 
-from dashboard.api.pull_views import Follower
+from dashboard.api.ollama.pull import Follower
 from inference.models import Job
 
 DIGEST = "sha256:" + "ab" * 32

@@ -10,9 +10,10 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter, ValidationError
 
-from dashboard.api.answers import AnswerParser
-from dashboard.api.responses_events import ResponseBuilder
-from dashboard.api.responses_schemas import ResponsesRequest
+from dashboard.api.answer_parser import AnswerParser, Piece
+from dashboard.api.pipeline import Ending
+from dashboard.api.responses.events import ResponseBuilder
+from dashboard.api.responses.schemas import ResponsesRequest
 from dashboard.api.tools import ToolCallParser
 from inference.text.thinking import ThinkingSplitter
 
@@ -25,16 +26,19 @@ def request(**fields) -> ResponsesRequest:
 
 
 def build(pieces: list[str], reason: str = "stop", *, thinking=False, tools=None, **fields):
-    """The builder's events for an answer written in `pieces`, and the builder."""
+    """The builder's events for an answer written in `pieces` (split as the answer pipeline
+    splits them), and the builder."""
     body = request(**({"tools": tools} if tools else {}), **fields)
     splitter = ThinkingSplitter(inside=True) if thinking else None
     names = {tool["name"] for tool in tools or ()}
     parser = AnswerParser(splitter, ToolCallParser(names) if names else None)
-    builder = ResponseBuilder("resp_1", "m", body, parser)
+    builder = ResponseBuilder("resp_1", "m", body)
     events = builder.opening()
     for piece in pieces:
-        events += builder.feed(piece)
-    events += builder.finish({"finish_reason": reason, "figures": FIGURES})
+        events += builder.piece(parser.feed(piece))
+    rest, calls = parser.finish()
+    figures = {**FIGURES, "reasoning_tokens": parser.thinking_tokens}
+    events += builder.finish(Ending(rest, calls, {"finish_reason": reason}, figures))
     return events, builder
 
 
@@ -168,8 +172,9 @@ def test_an_error_after_the_stream_began_is_an_error_event_and_response_failed()
     from dashboard.api.errors import ApiError
 
     body = request()
-    builder = ResponseBuilder("resp_1", "m", body, AnswerParser(None, None))
-    events = builder.opening() + builder.feed("Hi") + builder.fail(ApiError(500, "boom"))
+    builder = ResponseBuilder("resp_1", "m", body)
+    events = builder.opening() + builder.piece(Piece(content="Hi"))
+    events += builder.fail(ApiError(500, "boom"))
     yielded, final = consumed(events)
     assert [e.type for e in yielded][-2:] == ["error", "response.failed"]
     assert yielded[-2].message == "boom" and final is None
@@ -177,7 +182,7 @@ def test_an_error_after_the_stream_began_is_an_error_event_and_response_failed()
 
 
 def test_a_json_format_is_the_grammar_response_format_would_give():
-    from dashboard.api.openai_schemas import ResponseFormat
+    from dashboard.api.openai.schemas import ResponseFormat
 
     assert request(text={"format": {"type": "json_object"}}).sampling()["grammar"] == (
         ResponseFormat(type="json_object").grammar()

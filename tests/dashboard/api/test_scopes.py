@@ -4,9 +4,9 @@ chat key's keep_alive can shorten a model's own keep-alive but never lengthen or
 import pytest
 from django.core.management import call_command
 
+from dashboard.api.auth import granted_keep_alive as _granted_keep_alive
 from dashboard.api.auth import require_scope
 from dashboard.api.errors import ApiError
-from dashboard.api.ollama_views import _granted_keep_alive
 from dashboard.models import ApiKey
 from inference.models import LLMModel
 

@@ -4,8 +4,8 @@ request, refused for a model that cannot think (but think: false is fine for any
 import pytest
 
 from dashboard.api.errors import ApiError
-from dashboard.api.ollama_shapes import show
-from dashboard.api.prompts import _render, raw_prompt
+from dashboard.api.ollama.shapes import show
+from dashboard.api.templating import _render, raw_prompt
 from inference.catalog.importing import register_file
 from inference.models import LLMModel
 from inference.text.thinking import thinking_mode
@@ -100,8 +100,8 @@ def test_a_raw_prompt_is_split_only_when_asked_to_think(imported):
 def test_think_takes_booleans_and_levels_and_constrained_output_goes_without_thinking():
     from pydantic import ValidationError
 
-    from dashboard.api.ollama_schemas import OllamaChatRequest
-    from dashboard.api.openai_schemas import ChatCompletionRequest
+    from dashboard.api.ollama.schemas import OllamaChatRequest
+    from dashboard.api.openai.schemas import ChatCompletionRequest
 
     def ollama(**fields):
         return OllamaChatRequest.model_validate({"model": "m", **fields})

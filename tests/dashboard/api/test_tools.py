@@ -102,7 +102,7 @@ WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters"
 
 
 def test_a_template_that_reads_tools_gets_them_and_its_answers_are_parsed():
-    from dashboard.api.prompts import _render
+    from dashboard.api.templating import _render
     from inference.models import LLMModel
 
     model = LLMModel(name="hermes", file_path="/nowhere.gguf", chat_template=HERMES_TEMPLATE)
@@ -130,7 +130,7 @@ def test_a_template_that_reads_tools_gets_them_and_its_answers_are_parsed():
 
 
 def test_a_template_without_tools_renders_a_plain_prompt_and_parses_nothing():
-    from dashboard.api.prompts import _render
+    from dashboard.api.templating import _render
     from inference.models import LLMModel
 
     model = LLMModel(name="plain", file_path="/nowhere.gguf", chat_template="")
@@ -140,7 +140,7 @@ def test_a_template_without_tools_renders_a_plain_prompt_and_parses_nothing():
 
 
 def test_an_answer_that_may_hold_calls_gets_a_lazy_tool_call_grammar():
-    from dashboard.api.prompts import ChatPrompt
+    from dashboard.api.templating import ChatPrompt
     from inference.engine.params import SamplingParams
     from inference.text.prompting import Prompt
 

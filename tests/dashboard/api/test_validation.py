@@ -206,7 +206,7 @@ def test_an_unknown_api_path_is_a_json_404_in_its_dialect(http, path, shape):
 
 
 def test_openais_flex_service_tier_asks_for_background_priority():
-    from dashboard.api.openai_schemas import ChatCompletionRequest
+    from dashboard.api.openai.schemas import ChatCompletionRequest
 
     messages = [{"role": "user", "content": "hi"}]
     assert ChatCompletionRequest(messages=messages, service_tier="flex").priority == "background"

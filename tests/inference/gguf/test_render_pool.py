@@ -339,7 +339,7 @@ async def test_the_api_renders_outside_the_loops_default_thread_pool() -> None:
     import asyncio
 
     from dashboard.api.errors import ApiError
-    from dashboard.api.prompts import chat_prompt
+    from dashboard.api.templating import chat_prompt
     from inference.models import LLMModel
 
     model = LLMModel(name="m", chat_template=CHATML_TEMPLATE, metadata={})

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dashboard.api.prompts import _render, raw_prompt
-from dashboard.api.runs import api_request
+from dashboard.api.pipeline import api_request
+from dashboard.api.templating import _render, raw_prompt
 from dashboard.chat import prompt as chat_prompt
 from inference.catalog.importing import register_file
 from inference.models import LLMModel

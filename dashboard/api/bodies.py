@@ -5,7 +5,8 @@ Nothing reaches the engine unchecked: a negative, absurd or mistyped value is a 
 the field. Models are strict (no "0.7" for a number, no true for 1) and ignore unknown fields,
 as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (images,
 several choices, a JSON schema keyword its grammar cannot enforce) is refused rather than
-silently ignored. The bodies themselves are in openai_schemas and ollama_schemas.
+silently ignored. The bodies themselves are each dialect's schemas (openai/, responses/,
+anthropic/, ollama/); what they mean in common is dashboard.api.rules.
 """
 
 import json
@@ -112,21 +113,18 @@ JsonSchema = Annotated[dict[str, Any], AfterValidator(check_schema)]
 GrammarText = Annotated[str, Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
 
 
-def one_grammar(grammar: str | None, structured: object, other: str) -> str | None:
-    """A raw grammar, refused beside a structured-output field (both would constrain)."""
-    if grammar is not None and structured is not None:
-        raise ValueError(f"send either grammar or {other}, not both")
-    return grammar
-
-
 class TextPart(Strict):
     type: Literal["text"]
     text: Content
 
 
+ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+ToolDescription = Annotated[str, Field(max_length=8192)]
+
+
 class FunctionSpec(Strict):
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-    description: Annotated[str, Field(max_length=8192)] | None = None
+    name: ToolName
+    description: ToolDescription | None = None
     parameters: dict[str, Any] | None = None
 
 
@@ -138,10 +136,14 @@ class Tool(Strict):
 Tools = Annotated[list[Tool], Field(max_length=MAX_TOOLS)]
 
 
-def total_chars(messages: list) -> list:
-    total = sum(len(m.content or "") for m in messages)
+def check_prompt_chars(total: int) -> None:
+    """A conversation longer than any context we load holds is refused before it is rendered."""
     if total > MAX_PROMPT_CHARS:
         raise ValueError(f"the conversation is {total} characters, over {MAX_PROMPT_CHARS}")
+
+
+def total_chars(messages: list) -> list:
+    check_prompt_chars(sum(len(m.content or "") for m in messages))
     return messages
 
 

@@ -113,7 +113,7 @@ def _page(request: HttpRequest, form: ApiKeyForm, new_key: str | None = None,
     model = default_model()
     model_name = model.name if model else MODEL_PLACEHOLDER
     key = new_key or KEY_PLACEHOLDER
-    return render(request, "api/keys.html", {
+    return render(request, "keys/keys.html", {
         "form": form,
         "keys": ApiKey.objects.all(),
         "priorities": ApiKey.Priority.choices,
@@ -154,7 +154,7 @@ def revoke_key(request: HttpRequest, key_id: int) -> HttpResponse:
     if key.revoked:
         return redirect("api_keys")
     if request.POST.get("confirm") != "yes":
-        return render(request, "api/revoke_confirm.html", {"key": key})
+        return render(request, "keys/revoke_confirm.html", {"key": key})
     key.revoked = True
     key.save(update_fields=["revoked"])
     messages.success(request, f"the key {key.name} is revoked: apps using it are refused now")

@@ -1,8 +1,9 @@
 """One answer as a Responses API response: its output items, and the stream events that build
 them, in the order the openai SDK's `responses.stream()` consumes them.
 
-A `ResponseBuilder` is fed the answer's text as it streams and returns the events each piece
-makes; the non-streamed answer is the same builder's final `response()`, so the two cannot
+A `ResponseBuilder` is handed the answer's text as the answer pipeline splits it
+(dashboard.api.pipeline: thinking and content as pieces, then the Ending) and returns the events
+each makes; the non-streamed answer is the same builder's final `response()`, so the two cannot
 differ. The events of one answer:
 
 1. `response.created`, `response.in_progress` (the response so far: no output);
@@ -27,28 +28,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from dashboard.api.answers import AnswerParser
+from dashboard.api.answer_parser import Piece
 from dashboard.api.errors import ApiError
-from dashboard.api.responses_schemas import ResponsesRequest
-from dashboard.api.timings import evaluated_prompt_tokens, openai_timings
+from dashboard.api.figures import responses_usage, timings
+from dashboard.api.pipeline import Ending
+from dashboard.api.responses.schemas import ResponsesRequest
 from dashboard.api.tools import ToolCall
-
-
-def usage(figures: dict, reasoning_tokens: int) -> dict:
-    """OpenAI's usage; the prompt tokens the prefill computed are what it wrote to the prefix
-    cache (cache_write_tokens), those it reused are cached_tokens."""
-    prompt = figures.get("prompt_tokens") or 0
-    output = figures.get("output_tokens") or 0
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {
-            "cached_tokens": figures.get("cached_tokens") or 0,
-            "cache_write_tokens": evaluated_prompt_tokens(figures),
-        },
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, output)},
-        "total_tokens": prompt + output,
-    }
 
 
 @dataclass(slots=True)
@@ -65,11 +50,9 @@ class ResponseBuilder:
     id: str
     model: str
     body: ResponsesRequest
-    parser: AnswerParser
     created_at: int = field(default_factory=lambda: int(time.time()))
     output: list[dict] = field(default_factory=list)  # the items done
     status: str = "in_progress"
-    reasoning_tokens: int = 0
     _sequence: int = 0
     _open: _Item | None = None  # the reasoning or message item being written
     _figures: dict | None = None
@@ -99,8 +82,8 @@ class ResponseBuilder:
         if self.status in ("completed", "incomplete"):
             response["completed_at"] = int(time.time())
         if self._figures is not None:
-            response["usage"] = usage(self._figures, self.reasoning_tokens)
-            response["timings"] = openai_timings(self._figures)
+            response["usage"] = responses_usage(self._figures)
+            response["timings"] = timings(self._figures)
         return response
 
     # --- events -----------------------------------------------------------------------------
@@ -114,25 +97,21 @@ class ResponseBuilder:
         return [self._event("response.created", response=self.response()),
                 self._event("response.in_progress", response=self.response())]  # fmt: skip
 
-    def feed(self, text: str) -> list[dict]:
-        """A token's text: the events of what it made final."""
-        before = self.parser.thinking
-        piece = self.parser.feed(text)
-        if before or self.parser.thinking:
-            self.reasoning_tokens += 1
+    def piece(self, piece: Piece) -> list[dict]:
+        """Text that is final: the events it makes."""
         return self._text("reasoning", piece.thinking) + self._text("message", piece.content)
 
-    def finish(self, done: dict) -> list[dict]:
-        """The answer's done event: the rest of its text, its calls, and its end."""
-        self.status = "incomplete" if done["finish_reason"] == "length" else "completed"
-        rest, calls = self.parser.finish()
-        events = self._text("reasoning", rest.thinking) + self._text("message", rest.content)
-        if not calls and not self._has("message"):
+    def finish(self, end: Ending) -> list[dict]:
+        """The answer's end: the rest of its text, its calls, and response.completed (or
+        .incomplete)."""
+        self.status = "incomplete" if end.finish_reason == "length" else "completed"
+        events = self.piece(end.text)
+        if not end.calls and not self._has("message"):
             events += self._text("message", "", empty=True)
         events += self._close()
-        for call in calls:
+        for call in end.calls:
             events += self._call(call)
-        self._figures = done["figures"]
+        self._figures = end.figures
         return [*events, self._event(f"response.{self.status}", response=self.response())]
 
     def fail(self, error: ApiError) -> list[dict]:

@@ -3,7 +3,8 @@
 The thinking block comes first (inference.text.thinking), and tool calls are parsed out of the
 content only (dashboard.api.tools): a model that mentions "<tool_call>" while it thinks has not
 called anything. Both parsers hold back what they cannot decide yet, so a streamed answer and
-the same answer parsed whole come out the same.
+the same answer parsed whole come out the same. It also counts the tokens of the thinking
+(`thinking_tokens`: each piece fed while the answer was inside its block, or that entered it).
 """
 
 from dataclasses import dataclass
@@ -20,11 +21,15 @@ class Piece:
     def __bool__(self) -> bool:
         return bool(self.thinking or self.content)
 
+    def __add__(self, other: "Piece") -> "Piece":
+        return Piece(self.thinking + other.thinking, self.content + other.content)
+
 
 class AnswerParser:
     def __init__(self, thinking: ThinkingSplitter | None, tools: ToolCallParser | None):
         self._thinking = thinking
         self._tools = tools
+        self.thinking_tokens = 0  # pieces fed inside the thinking block: one per token event
 
     @property
     def thinking(self) -> bool:
@@ -33,7 +38,10 @@ class AnswerParser:
 
     def feed(self, text: str) -> Piece:
         """Take a piece of the answer; return the thinking and content that are final."""
+        before = self.thinking
         thinking, content = self._thinking.feed(text) if self._thinking else ("", text)
+        if before or self.thinking:
+            self.thinking_tokens += 1
         if self._tools and content:
             content = self._tools.feed(content)
         return Piece(thinking, content)
@@ -47,9 +55,3 @@ class AnswerParser:
             rest, calls = self._tools.finish()
             content += rest
         return Piece(thinking, content), calls
-
-    def whole(self, text: str) -> tuple[Piece, list[ToolCall]]:
-        """A whole answer (stream: false) parsed at once."""
-        first = self.feed(text)
-        rest, calls = self.finish()
-        return Piece(first.thinking + rest.thinking, first.content + rest.content), calls

@@ -1,21 +1,23 @@
-"""From an API request's messages to the prompt, through the model's own chat template (the
-same path as the chat page's: inference.text.prompting), plus what only the API offers: tools.
+"""The answer pipeline's prompt step (dashboard.api.pipeline): from a request's messages to the
+prompt, through the model's own chat template (the same path as the chat page's:
+inference.text.prompting), plus what only the API offers: tools. Every dialect's conversation
+arrives here as OpenAI-style messages (each body's `ask()` maps its own onto them).
 
 Tools are handed to the template only when the template reads them, and tool calls are parsed
 out of answers only when the template's format marks them (<tool_call> blocks); with any other
 template a request with tools gets a plain answer.
 
-Thinking (inference.text.thinking): a template with a thinking mode gets the request's switch, and
-its answers have their <think> block split off, whatever the switch (a model that thinks though
-asked not to still gives a clean answer); asking a model without one to think is a 400 naming
-the field, as Ollama does.
+Thinking (inference.text.thinking): a template with a thinking mode gets the request's switch,
+and its answers have their <think> block split off, whatever the switch (a model that thinks
+though asked not to still gives a clean answer); asking a model without one to think is a 400
+naming the field, as Ollama does.
 """
 
 import asyncio
 import json
 from dataclasses import dataclass
 
-from dashboard.api.answers import AnswerParser
+from dashboard.api.answer_parser import AnswerParser
 from dashboard.api.errors import ApiError
 from dashboard.api.tools import (
     ToolCallParser,
@@ -74,7 +76,8 @@ def _arguments(value):
 
 
 def template_message(message: dict) -> dict:
-    """An OpenAI or Ollama message as chat templates read it (Hugging Face conventions)."""
+    """A message (OpenAI's shape, with Ollama's names too) as chat templates read it (Hugging
+    Face conventions)."""
     role = "system" if message["role"] == "developer" else message["role"]
     out = {"role": role, "content": message.get("content") or ""}
     if message.get("tool_calls"):

@@ -25,9 +25,9 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api.auth import api_endpoint
+from dashboard.api.bodies import parse_body
 from dashboard.api.errors import ApiError
-from dashboard.api.ollama_schemas import OllamaCopyRequest, OllamaCreateRequest
-from dashboard.api.schemas import parse_body
+from dashboard.api.ollama.schemas import OllamaCopyRequest, OllamaCreateRequest
 from dashboard.api.streaming import ndjson
 from dashboard.models import ApiKey
 from inference.catalog import blobs, creating

@@ -2,8 +2,9 @@
 
 A conversation arrives as Anthropic writes it (a top-level `system`, content blocks, tool_use
 blocks in assistant turns and tool_result blocks in user turns) and leaves `template_messages`
-as the OpenAI-style messages the one prompt path reads (dashboard.api.prompts): a tool_use is a
-tool call, a tool_result a tool message, a thinking block the turn's reasoning_content.
+as the OpenAI-style messages the answer pipeline reads (`ask()`: dashboard.api.pipeline): a
+tool_use is a tool call, a tool_result a tool message, a thinking block the turn's
+reasoning_content.
 """
 
 import json
@@ -11,10 +12,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
-from dashboard.api.schemas import (
+from dashboard.api import rules
+from dashboard.api.bodies import (
     MAX_CONTENT_CHARS,
     MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
     MAX_TOOLS,
     Content,
     MaxTokens,
@@ -22,12 +23,15 @@ from dashboard.api.schemas import (
     ShortText,
     StopList,
     Strict,
+    ToolDescription,
+    ToolName,
     TopK,
     Unit,
+    check_prompt_chars,
 )
+from dashboard.api.pipeline import Ask
 
 BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
-ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
 def _known_blocks(value: Any) -> Any:
@@ -118,7 +122,7 @@ class AnthropicTool(Strict):
 
     type: Literal["custom"] | None = None
     name: ToolName
-    description: Annotated[str, Field(max_length=8192)] | None = None
+    description: ToolDescription | None = None
     # As chat completions' `parameters`: what the template shows; a schema the tool grammar
     # cannot hold calls to leaves the calls parsed unconstrained (dashboard.api.tools).
     input_schema: dict[str, Any]
@@ -152,9 +156,7 @@ class Thinking(Strict):
 
 
 def _total_chars(messages: list[AnthropicMessage]) -> list[AnthropicMessage]:
-    total = sum(message.chars for message in messages)
-    if total > MAX_PROMPT_CHARS:
-        raise ValueError(f"the conversation is {total} characters, over {MAX_PROMPT_CHARS}")
+    check_prompt_chars(sum(message.chars for message in messages))
     return messages
 
 
@@ -205,6 +207,11 @@ class CountTokensRequest(Strict):
     def parallel_tool_calls(self) -> bool:
         return not (self.tool_choice and self.tool_choice.disable_parallel_tool_use)
 
+    def ask(self) -> Ask:
+        return Ask(model=self.model, messages=self.template_messages(), tools=self.active_tools,
+                   parallel_tool_calls=self.parallel_tool_calls, think=self.think,
+                   think_param="thinking")  # fmt: skip
+
     def template_messages(self) -> list[dict]:
         """The conversation as the prompt path reads it (OpenAI-style messages): the system
         first; a user turn's tool_result blocks as tool messages (named after the call they
@@ -251,10 +258,11 @@ class MessagesRequest(CountTokensRequest):
     service_tier: Literal["auto", "standard_only"] | None = None
 
     def sampling(self) -> dict:
-        params: dict = {"max_tokens": self.max_tokens}
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(self, name) is not None:
-                params[name] = getattr(self, name)
-        if self.stop_sequences:
-            params["stop"] = tuple(self.stop_sequences)
-        return params
+        return rules.sampling(max_tokens=self.max_tokens, temperature=self.temperature,
+                              top_p=self.top_p, top_k=self.top_k,
+                              stop=self.stop_sequences)  # fmt: skip
+
+    def ask(self) -> Ask:
+        ask = super().ask()
+        ask.sampling = self.sampling()
+        return ask

@@ -1,4 +1,5 @@
-"""One generation through the inference client, from its first event to its stored record.
+"""One generation through the inference client, from its first event to its stored record: the
+running part of an answer (dashboard.api.pipeline starts it and consumes its events).
 
 `start()` waits for the first event, so a refusal (bad parameters, prompt too long, engine busy,
 load failure) becomes an HTTP status before any response byte is sent. `events()` yields the
@@ -13,38 +14,17 @@ from collections.abc import AsyncIterator
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from appliance.arrival import arrived_wall
-from dashboard.api.errors import ApiError, from_event, from_refusal
+from dashboard.api.errors import ApiError, from_event
 from dashboard.api.logprobs import LogprobTrail, TokenEntry
 from dashboard.limits import api_streams
 from dashboard.wire import FirstOutput
-from inference.catalog.lookup import UnknownModel, resolve
-from inference.catalog.specs import request_for, spec_for
-from inference.engine import GenerationRequest, Refused
+from inference.catalog.specs import spec_for
+from inference.engine import GenerationRequest
 from inference.history import record_answer
 from inference.models import LLMModel
 from inference.serving.client import get_client
-from inference.text.prompting import Prompt
 
 log = logging.getLogger(__name__)
-
-
-async def resolve_model(name: str | None) -> LLMModel:
-    try:
-        return await sync_to_async(resolve)(name or None)
-    except UnknownModel as exc:
-        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
-
-
-def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
-    """The request for an API call (inference.catalog.specs.request_for), its clock started when it
-    reached the application (the gate's stamp, appliance.arrival), not now, after parsing,
-    authentication and prompt rendering; a sampling value out of bounds (or any other field the
-    request refuses) is a 400 naming it."""
-    try:
-        return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)
-    except Refused as exc:
-        raise from_refusal(exc) from None
 
 
 class Run:

@@ -7,7 +7,7 @@ accepted and answered with `store: false`: the response says that it was not kep
 
 `input` (a string, or message, reasoning, function_call and function_call_output items) becomes
 the chat messages that chat completions takes (`messages()`), so both render through the same
-template path (dashboard.api.prompts) with the same tools, thinking and grammars.
+template path (dashboard.api.templating) with the same tools, thinking and grammars.
 """
 
 from typing import Annotated, Any, Literal
@@ -21,22 +21,26 @@ from pydantic import (
     model_validator,
 )
 
-from dashboard.api.schemas import (
+from dashboard.api import rules
+from dashboard.api.bodies import (
     MAX_CONTENT_CHARS,
     MAX_MESSAGES,
-    MAX_PROMPT_CHARS,
     MAX_TOOLS,
     Content,
-    JsonSchema,
     MaxTokens,
     ModelName,
     PromptText,
     ShortText,
     Strict,
+    ToolDescription,
+    ToolName,
     Unit,
+    check_prompt_chars,
     refuse_if,
 )
-from inference.text.structured import json_object_grammar, schema_grammar
+from dashboard.api.openai.schemas import ToolChoice
+from dashboard.api.pipeline import Ask
+from inference.engine.generation import Priority
 from inference.text.thinking import Think
 
 STATELESS = "this appliance keeps no responses (stateless): send the whole conversation in input"
@@ -128,9 +132,7 @@ def _chars(item: "InputItem") -> int:
 
 
 def _total_chars(items: list) -> list:
-    total = sum(_chars(item) for item in items)
-    if total > MAX_PROMPT_CHARS:
-        raise ValueError(f"the conversation is {total} characters, over {MAX_PROMPT_CHARS}")
+    check_prompt_chars(sum(_chars(item) for item in items))
     return items
 
 
@@ -146,8 +148,8 @@ class FunctionTool(Strict):
     """A function tool as the Responses API sends it: flat, not under `function`."""
 
     type: Literal["function"]
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-    description: Annotated[str, Field(max_length=8192)] | None = None
+    name: ToolName
+    description: ToolDescription | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None  # the lazy tool grammar holds calls to the schema either way
 
@@ -164,16 +166,10 @@ def _function_tool(value: Any) -> Any:
     return value
 
 
-class TextFormat(Strict):
+class TextFormat(rules.OutputFormat, rules.SchemaFormat):
     """text; json_object (any JSON object); json_schema (flat: name, schema, strict)."""
 
-    type: Literal["text", "json_object", "json_schema"] = "text"
-    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")] = (
-        "response"
-    )
-    description: Content | None = None
-    schema_: Annotated[JsonSchema | None, Field(alias="schema")] = None  # none: any object
-    strict: bool | None = None  # the grammar always holds the output to the schema
+    name: rules.FormatName = "response"
 
     @model_validator(mode="after")
     def _schema_given(self) -> "TextFormat":
@@ -181,10 +177,8 @@ class TextFormat(Strict):
             raise ValueError("a json_schema format needs a schema")
         return self
 
-    def grammar(self) -> str | None:
-        if self.type == "text":
-            return None
-        return json_object_grammar() if self.schema_ is None else schema_grammar(self.schema_)
+    def output_schema(self) -> dict[str, Any] | None:
+        return self.schema_
 
     def echo(self) -> dict:
         if self.type != "json_schema":
@@ -199,7 +193,7 @@ class TextConfig(Strict):
 
 class Reasoning(Strict):
     # "none" and "minimal" turn a thinking mode off; the levels turn it on ("xhigh": "high").
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: rules.Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None  # the thinking is given whole
 
 
@@ -222,11 +216,7 @@ class ResponsesRequest(Strict):
     tools: Annotated[
         list[Annotated[FunctionTool, BeforeValidator(_function_tool)]], Field(max_length=MAX_TOOLS)
     ] | None = None  # fmt: skip
-    tool_choice: Annotated[
-        Literal["none", "auto", "required"] | dict[str, Any] | None,
-        refuse_if(lambda v: v == "required" or isinstance(v, dict),
-                  "tool_choice can be 'auto' or 'none': this engine cannot force a tool call"),
-    ] = None  # fmt: skip
+    tool_choice: ToolChoice = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: Reasoning | None = None
@@ -252,18 +242,17 @@ class ResponsesRequest(Strict):
     ] = None  # fmt: skip
     metadata: Annotated[dict[str, ShortText], Field(max_length=16)] | None = None
     user: ShortText | None = None
-    # OpenAI's processing tiers: "flex" asks for background priority here (openai_schemas).
-    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    service_tier: rules.ServiceTier | None = None  # "flex": background (dashboard.api.rules)
 
     @field_validator("reasoning")
     @classmethod
     def _think_without_grammar(cls, value: Reasoning | None, info: ValidationInfo):
         text = info.data.get("text")
-        constrained = text is not None and text.format is not None and text.format.type != "text"
-        if value is not None and value.effort not in (None, "none", "minimal") and constrained:
-            raise ValueError("reasoning cannot be combined with a json text.format: the grammar "
-                             "would hold the thinking to it too; send reasoning: {effort: "
-                             "none}")  # fmt: skip
+        constrained = text is not None and text.format is not None and text.format.constrains
+        rules.no_thinking_under_a_grammar(
+            rules.effort_switch(value.effort if value else None), constrained,
+            switch="reasoning", constraint="a json text.format", off="reasoning: {effort: none}",
+        )  # fmt: skip
         return value
 
     @property
@@ -272,26 +261,18 @@ class ResponsesRequest(Strict):
 
     @property
     def think(self) -> Think:
-        """The switch the template gets: off for a json format, which would hold the thinking
-        to its grammar too (as chat completions' reasoning_effort)."""
+        """The switch the template gets: off for a json format (dashboard.api.rules)."""
         effort = self.reasoning.effort if self.reasoning else None
-        if effort in ("none", "minimal") or self.format.type != "text":
-            return False
-        return "high" if effort == "xhigh" else effort
+        return rules.think_switch(rules.effort_switch(effort), self.format.constrains)
 
     @property
-    def priority(self) -> str:
-        return "background" if self.service_tier == "flex" else "interactive"
+    def priority(self) -> Priority:
+        return rules.tier_priority(self.service_tier)
 
     def sampling(self) -> dict:
-        params = {name: getattr(self, name) for name in ("temperature", "top_p")
-                  if getattr(self, name) is not None}  # fmt: skip
-        if self.max_output_tokens is not None:
-            params["max_tokens"] = self.max_output_tokens
-        grammar = self.format.grammar()
-        if grammar is not None:
-            params["grammar"] = grammar
-        return params
+        return rules.sampling(temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.max_output_tokens,
+                              grammar=self.format.grammar())  # fmt: skip
 
     @property
     def active_tools(self) -> list[dict] | None:
@@ -299,8 +280,15 @@ class ResponsesRequest(Strict):
             return None
         return [tool.chat() for tool in self.tools]
 
+    def ask(self) -> Ask:
+        return Ask(
+            model=self.model, messages=self.messages(), tools=self.active_tools,
+            parallel_tool_calls=self.parallel_tool_calls is not False, think=self.think,
+            think_param="reasoning", sampling=self.sampling(), priority=self.priority,
+        )  # fmt: skip
+
     def messages(self) -> list[dict]:
-        """The conversation as chat messages (dashboard.api.prompts.template_message reads
+        """The conversation as chat messages (dashboard.api.templating.template_message reads
         them): instructions first, a call's items merged into the assistant turn that made it,
         an output as a tool message naming its call, a reasoning item as the thinking of the
         assistant turn after it."""

@@ -24,9 +24,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
 from dashboard.api.auth import api_endpoint
+from dashboard.api.bodies import parse_body
 from dashboard.api.errors import ApiError
-from dashboard.api.ollama_schemas import OllamaPullRequest
-from dashboard.api.schemas import parse_body
+from dashboard.api.ollama.schemas import OllamaPullRequest
 from dashboard.api.streaming import ndjson, stream_response
 from dashboard.models import ApiKey
 from inference.catalog.importing import STALE_JOB_S

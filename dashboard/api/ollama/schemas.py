@@ -1,11 +1,13 @@
-"""Ollama request bodies: /api/chat, /api/generate, /api/show, /api/delete, /api/pull,
-/api/create and /api/copy."""
+"""Ollama request bodies: /api/chat, /api/generate, /api/embed, /api/embeddings, /api/show,
+/api/delete, /api/pull, /api/create and /api/copy; and what a generation body asks in the answer
+pipeline's terms (`ask()`: dashboard.api.pipeline.Ask)."""
 
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
 
-from dashboard.api.schemas import (
+from dashboard.api import rules
+from dashboard.api.bodies import (
     MAX_MESSAGES,
     MAX_NAME_CHARS,
     MAX_TOOLS,
@@ -22,13 +24,15 @@ from dashboard.api.schemas import (
     TopK,
     TopLogprobs,
     Unit,
-    one_grammar,
+    one_or_many,
     refuse_if,
     total_chars,
 )
+from dashboard.api.embedding import Dimensions, EmbedText, TextList
+from dashboard.api.pipeline import Ask
 from inference.catalog.specs import parse_keep_alive
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
-from inference.text.structured import check_schema, json_object_grammar, schema_grammar
+from inference.text.structured import check_schema
 from inference.text.thinking import LEVELS, Level
 
 
@@ -99,17 +103,16 @@ class OllamaOptions(Strict):
     frequency_penalty: Penalty | None = None
 
     def sampling(self) -> dict:
-        fields = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-                  "presence_penalty", "frequency_penalty")  # fmt: skip
-        params = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
-        if self.seed is not None and self.seed >= 0:
-            params["seed"] = self.seed
-        if self.num_predict is not None:
+        predict = self.num_predict
+        return rules.sampling(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty, repeat_last_n=self.repeat_last_n,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            seed=self.seed if self.seed is not None and self.seed >= 0 else None,
             # -1 and -2: until the context is full (the engine clamps to what fits).
-            params["max_tokens"] = self.num_predict if self.num_predict > 0 else MAX_TOKENS_LIMIT
-        if self.stop:
-            params["stop"] = tuple(self.stop)
-        return params
+            max_tokens=None if predict is None else predict if predict > 0 else MAX_TOKENS_LIMIT,
+            stop=self.stop,
+        )  # fmt: skip
 
 
 class OllamaFunctionCall(Strict):
@@ -145,35 +148,36 @@ class OllamaGenerationBase(Strict):
     @field_validator("grammar")
     @classmethod
     def _one_grammar(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return one_grammar(value, info.data.get("format"), "format")
+        return rules.one_grammar(value, info.data.get("format"), "format")
 
     @field_validator("think")
     @classmethod
     def _think_without_grammar(cls, value: Think, info: ValidationInfo) -> Think:
-        # A grammar holds every token to it, the thinking too: a block the prompt opened would
-        # fill with JSON. Constrained output goes without thinking (think_switch).
         constrained = info.data.get("format") is not None or info.data.get("grammar") is not None
-        if value not in (None, False) and constrained:
-            raise ValueError("think cannot be combined with format or grammar: the grammar "
-                             "would hold the thinking to it too; send think: false")  # fmt: skip
+        rules.no_thinking_under_a_grammar(value, constrained, switch="think",
+                                          constraint="format or grammar",
+                                          off="think: false")  # fmt: skip
         return value
 
     @property
     def think_switch(self) -> bool | Level | None:
         """The switch the template gets: off when the output is constrained."""
-        return False if self.format is not None or self.grammar is not None else self.think
+        return rules.think_switch(self.think, self.format is not None or self.grammar is not None)
 
     def sampling(self) -> dict:
         params = self.options.sampling() if self.options else {}
-        if self.logprobs:
-            params["logprobs"] = self.top_logprobs or 0  # the sampled token's alone: 0
-        if self.format == "json":
-            params["grammar"] = json_object_grammar()
-        elif self.format is not None:
-            params["grammar"] = schema_grammar(self.format)
-        elif self.grammar is not None:
-            params["grammar"] = self.grammar
-        return params
+        if self.format is not None:  # "json": any object; else a schema
+            grammar = rules.format_grammar(None if self.format == "json" else self.format)
+        else:
+            grammar = self.grammar
+        logprobs = rules.logprobs_asked(self.logprobs, self.top_logprobs)
+        return {**params, **rules.sampling(logprobs=logprobs, grammar=grammar)}
+
+    def ask(self) -> Ask:
+        """What every generation body asks; each adds its conversation or prompt."""
+        return Ask(model=self.model, think=self.think_switch, sampling=self.sampling(),
+                   keep_alive=self.keep_alive,
+                   num_ctx=self.options.num_ctx if self.options else None)  # fmt: skip
 
 
 class OllamaChatRequest(OllamaGenerationBase):
@@ -185,6 +189,17 @@ class OllamaChatRequest(OllamaGenerationBase):
     @property
     def active_tools(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    @property
+    def loads_only(self) -> bool:
+        """An empty conversation only loads (or, with keep_alive 0, unloads) the model."""
+        return not self.messages
+
+    def ask(self) -> Ask:
+        ask = super().ask()
+        ask.messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        ask.tools = self.active_tools
+        return ask
 
 
 class OllamaGenerateRequest(OllamaGenerationBase):
@@ -203,6 +218,21 @@ class OllamaGenerateRequest(OllamaGenerationBase):
                                     "to /api/chat instead")
     ] = None  # fmt: skip
     images: Images = None
+
+    @property
+    def loads_only(self) -> bool:
+        """An empty prompt only loads (or, with keep_alive 0, unloads) the model."""
+        return not self.prompt
+
+    def ask(self) -> Ask:
+        ask = super().ask()
+        if self.raw:
+            ask.prompt = self.prompt
+        else:
+            ask.messages = [{"role": "user", "content": self.prompt}]
+            if self.system:
+                ask.messages.insert(0, {"role": "system", "content": self.system})
+        return ask
 
 
 class OllamaModelRequest(Strict):
@@ -262,3 +292,30 @@ class OllamaCopyRequest(Strict):
 
     source: ModelName
     destination: ModelName
+
+
+class OllamaEmbedRequest(Strict):
+    """/api/embed: `input` a string or a list of strings; an empty input loads the model."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    input: Annotated[
+        TextList, BeforeValidator(one_or_many, json_schema_input_type=EmbedText | TextList)
+    ] = Field(default_factory=list)
+    truncate: bool = True  # Ollama's default: cut an input to the context instead of a 400
+    options: OllamaOptions | None = None  # accepted for compatibility; sampling has no effect
+    keep_alive: KeepAlive = None
+    dimensions: Dimensions | None = None
+
+    @property
+    def inputs(self) -> list[str]:
+        # Ollama drops a lone empty string (that request only loads the model).
+        return [] if self.input == [""] else list(self.input)
+
+
+class OllamaEmbeddingsRequest(Strict):
+    """/api/embeddings, Ollama's older endpoint: one `prompt`; its vector is not normalised."""
+
+    model: Annotated[str, Field(min_length=1, max_length=200)]
+    prompt: EmbedText = ""
+    options: OllamaOptions | None = None
+    keep_alive: KeepAlive = None

@@ -1,11 +1,10 @@
-"""llama-server's /tokenize, /detokenize and /apply-template (plus a `model` field), and the
-token count of a rendered prompt (Anthropic's count_tokens; the chat page counts its own in
-dashboard.chat.counting, on a loaded model only).
+"""llama-server's /tokenize, /detokenize and /apply-template (plus a `model` field).
 
 Tokens come from the model's own tokenizer in its runner process (inference.serving.tokens; the
 web process never loads llama.cpp), so a count is what a generation on the same text counts as
-its prompt_tokens. /apply-template renders through the one prompt path (chat_prompt) and needs
-no runner.
+its prompt_tokens (dashboard.api.pipeline.tokenize_text, which Anthropic's count_tokens uses
+too). /apply-template renders a chat completions body as the answer pipeline would, and needs no
+runner.
 """
 
 from typing import Annotated
@@ -13,18 +12,15 @@ from typing import Annotated
 from django.http import HttpRequest, JsonResponse
 from pydantic import Field
 
+from dashboard.api import pipeline
 from dashboard.api.auth import api_endpoint
+from dashboard.api.bodies import ModelName, PromptText, Strict, parse_body, refuse_if
 from dashboard.api.errors import from_event
-from dashboard.api.openai_schemas import ChatCompletionRequest
-from dashboard.api.prompts import chat_prompt
-from dashboard.api.runs import resolve_model
-from dashboard.api.schemas import ModelName, PromptText, Strict, parse_body, refuse_if
+from dashboard.api.openai.schemas import ChatCompletionRequest
 from inference.catalog.specs import spec_for
 from inference.engine.tokens import MAX_TOKENS
-from inference.models import LLMModel
 from inference.serving.client import get_client
-from inference.serving.tokens import TokenError, TokenResult
-from inference.text.prompting import Prompt
+from inference.serving.tokens import TokenError
 
 post = api_endpoint(dialect="openai", methods=("POST",))
 
@@ -47,22 +43,6 @@ class DetokenizeRequest(Strict):
     tokens: Annotated[list[TokenId], Field(max_length=MAX_TOKENS)]
 
 
-async def tokenize_text(
-    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False
-) -> TokenResult:
-    try:
-        return await get_client().tokenize(spec_for(model), text, add_special=add_special,
-                                           with_pieces=with_pieces)  # fmt: skip
-    except TokenError as exc:
-        raise from_event(exc.event) from None
-
-
-async def count_prompt_tokens(model: LLMModel, prompt: Prompt) -> int:
-    """The prompt tokens a generation of `prompt` would have (its BOS rule included)."""
-    result = await tokenize_text(model, prompt.text, add_special=prompt.add_special)
-    return len(result.tokens)
-
-
 def piece_json(piece: bytes) -> str | list[int]:
     """llama-server's piece: the text where the bytes are valid UTF-8, else the bytes."""
     try:
@@ -74,9 +54,9 @@ def piece_json(piece: bytes) -> str | list[int]:
 @post
 async def tokenize(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, TokenizeRequest)
-    model = await resolve_model(body.model)
-    result = await tokenize_text(model, body.content, add_special=body.add_special,
-                                 with_pieces=body.with_pieces)  # fmt: skip
+    model = await pipeline.resolve_model(body.model)
+    result = await pipeline.tokenize_text(model, body.content, add_special=body.add_special,
+                                          with_pieces=body.with_pieces)  # fmt: skip
     if result.pieces is None:
         return JsonResponse({"model": model.name, "tokens": list(result.tokens)})
     tokens = [{"id": token, "piece": piece_json(piece)}
@@ -87,7 +67,7 @@ async def tokenize(request: HttpRequest) -> JsonResponse:
 @post
 async def detokenize(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, DetokenizeRequest)
-    model = await resolve_model(body.model)
+    model = await pipeline.resolve_model(body.model)
     try:
         result = await get_client().detokenize(spec_for(model), body.tokens)
     except TokenError as exc:
@@ -99,9 +79,7 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
 async def apply_template(request: HttpRequest) -> JsonResponse:
     """A chat completions body's messages (and tools, reasoning_effort) rendered as the prompt
     /v1/chat/completions would send."""
-    body = parse_body(request, ChatCompletionRequest)
-    model = await resolve_model(body.model)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt = await chat_prompt(model, messages, body.active_tools, think=body.think,
-                               think_param="reasoning_effort")  # fmt: skip
+    ask = parse_body(request, ChatCompletionRequest).ask()
+    model = await pipeline.resolve_model(ask.model)
+    prompt = await pipeline.render(model, ask)
     return JsonResponse({"model": model.name, "prompt": prompt.text})

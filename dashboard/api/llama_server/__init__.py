@@ -1,0 +1,1 @@
+"""llama-server's tokenizer endpoints: /tokenize, /detokenize, /apply-template."""

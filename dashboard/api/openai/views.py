@@ -1,0 +1,234 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/chat/completions, /v1/completions and
+/v1/embeddings.
+
+A generation goes through the answer pipeline (dashboard.api.pipeline); what is OpenAI's is
+written here: streamed answers are server-sent events ending with `data: [DONE]`; the chunk that
+carries the finish reason also carries `timings` (dashboard.api.figures), and
+`stream_options.include_usage` adds a last chunk with `usage`. Asked for, each chunk's
+`logprobs` are those of the tokens whose text it carries (dashboard.api.logprobs). A refusal is
+an HTTP error before the stream begins; an error after it has begun is an `error` event, which
+the openai client raises.
+"""
+
+import time
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse
+
+from dashboard.api import pipeline
+from dashboard.api.answer_parser import Piece
+from dashboard.api.auth import api_endpoint
+from dashboard.api.bodies import parse_body
+from dashboard.api.embedding import check_dimensions, embed
+from dashboard.api.errors import ApiError
+from dashboard.api.figures import openai_usage, timings
+from dashboard.api.logprobs import CompletionOffsets, openai_choice
+from dashboard.api.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIEmbeddingRequest,
+    OpenAISampling,
+)
+from dashboard.api.pipeline import Answer, Ending
+from dashboard.api.streaming import SSE_DONE, sse
+from inference.models import LLMModel
+
+openai_endpoint = api_endpoint(dialect="openai", methods=("POST",))
+
+
+def finish_reason(engine_reason: str) -> str:
+    # OpenAI knows stop and length; an answer cancelled on the appliance ended early: "stop".
+    return "length" if engine_reason == "length" else "stop"
+
+
+def model_entry(model: LLMModel) -> dict:
+    return {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
+            "owned_by": "appliance"}  # fmt: skip
+
+
+@api_endpoint(dialect="openai")
+async def list_models(request: HttpRequest) -> JsonResponse:
+    models = await sync_to_async(list)(LLMModel.objects.all())
+    return JsonResponse({"object": "list", "data": [model_entry(m) for m in models]})
+
+
+@api_endpoint(dialect="openai")
+async def retrieve_model(request: HttpRequest, model_id: str) -> JsonResponse:
+    return JsonResponse(model_entry(await pipeline.resolve_model(model_id or "-")))
+
+
+@dataclass(slots=True)
+class Envelope:
+    """What every response object and chunk of one answer repeats."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    def wrap(self, choices: list[dict], **extra) -> dict:
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "choices": choices, **extra}  # fmt: skip
+
+
+class OpenAIWriter:
+    """What chat and completions write alike: the envelope, the finish chunk with `timings`,
+    the usage chunk when asked, [DONE], and an error as an `error` event."""
+
+    content_type = "text/event-stream"
+    prefix = ""  # of the answer's id
+    object = chunk_object = ""  # of the whole answer, and of each chunk of a streamed one
+    empty: dict = {}  # a choice's fields in the chunk that only says the finish reason
+
+    def __init__(self, answer: Answer, body: OpenAISampling):
+        self.answer = answer
+        kind = self.chunk_object if body.stream else self.object
+        self.envelope = Envelope(f"{self.prefix}-{answer.id}", kind, int(time.time()),
+                                 answer.name)  # fmt: skip
+        self.include_usage = body.include_usage
+        self._extra = {"usage": None} if self.include_usage else {}
+
+    def choice(self, **fields) -> dict:
+        raise NotImplementedError
+
+    def chunk(self, reason: str | None = None, more: dict | None = None, **fields) -> bytes:
+        choice = {"index": 0, **self.choice(**fields), "finish_reason": reason}
+        return sse(self.envelope.wrap([choice], **self._extra, **(more or {})))
+
+    def closing(self, end: Ending, reason: str) -> list[bytes]:
+        chunks = [self.chunk(reason, {"timings": timings(end.figures)}, **self.empty)]
+        if self.include_usage:
+            chunks.append(sse(self.envelope.wrap([], usage=openai_usage(end.figures),
+                                                 timings=timings(end.figures))))  # fmt: skip
+        return [*chunks, SSE_DONE]
+
+    def failure(self, error: ApiError) -> list[bytes]:
+        return [sse(error.body("openai"))]
+
+    def response(self, choice: dict, end: Ending) -> dict:
+        return self.envelope.wrap([choice], usage=openai_usage(end.figures),
+                                  timings=timings(end.figures))  # fmt: skip
+
+
+# --- chat --------------------------------------------------------------------------------
+
+
+def _delta(piece: Piece) -> dict:
+    """A chunk's delta: the thinking as `reasoning_content` (llama-server's, DeepSeek's and
+    vLLM's field), the answer as `content`; only what the piece has."""
+    delta = {"reasoning_content": piece.thinking} if piece.thinking else {}
+    if piece.content:
+        delta["content"] = piece.content
+    return delta
+
+
+class ChatWriter(OpenAIWriter):
+    prefix, object, chunk_object = "chatcmpl", "chat.completion", "chat.completion.chunk"
+    empty = {"delta": {}}
+
+    def choice(self, delta: dict) -> dict:
+        # A chunk carries the log-probabilities of the tokens whose text is out by now.
+        return {"delta": delta, "logprobs": openai_choice(self.answer.take_logprobs())}
+
+    def opening(self) -> list[bytes]:
+        return [self.chunk(delta={"role": "assistant", "content": ""})]
+
+    def piece(self, piece: Piece) -> list[bytes]:
+        delta = _delta(piece)
+        return [self.chunk(delta=delta)] if delta else []
+
+    def ending(self, end: Ending) -> list[bytes]:
+        chunks = self.piece(end.text)
+        chunks += [self.chunk(delta={"tool_calls": [call.openai(index)]})
+                   for index, call in enumerate(end.calls)]  # fmt: skip
+        reason = "tool_calls" if end.calls else finish_reason(end.finish_reason)
+        return chunks + self.closing(end, reason)
+
+    def final(self, end: Ending) -> dict:
+        text = end.text.content
+        message: dict = {"role": "assistant", "content": text}
+        if end.calls:
+            message = {"role": "assistant", "content": text or None,
+                       "tool_calls": [call.openai() for call in end.calls]}  # fmt: skip
+        if end.text.thinking:
+            message["reasoning_content"] = end.text.thinking  # llama-server's, DeepSeek's name
+        reason = "tool_calls" if end.calls else finish_reason(end.finish_reason)
+        choice = {"index": 0, "message": message,
+                  "logprobs": openai_choice(self.answer.take_logprobs()),
+                  "finish_reason": reason}  # fmt: skip
+        return self.response(choice, end)
+
+
+@openai_endpoint
+async def chat_completions(request: HttpRequest):
+    body = parse_body(request, ChatCompletionRequest)
+    answer = await pipeline.start(request, body.ask(), source="openai")
+    return await pipeline.respond(answer, ChatWriter(answer, body), streamed=body.stream)
+
+
+# --- completions -------------------------------------------------------------------------
+
+
+class CompletionWriter(OpenAIWriter):
+    prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
+    empty = {"text": ""}
+
+    def __init__(self, answer: Answer, body: CompletionRequest):
+        super().__init__(answer, body)
+        self.offsets = CompletionOffsets()  # text_offset counts on over the stream
+
+    def choice(self, text: str) -> dict:
+        return {"text": text, "logprobs": self.offsets.shape(self.answer.take_logprobs())}
+
+    def opening(self) -> list[bytes]:
+        return []
+
+    def piece(self, piece: Piece) -> list[bytes]:
+        return [self.chunk(text=piece.content)] if piece.content else []
+
+    def ending(self, end: Ending) -> list[bytes]:
+        return self.closing(end, finish_reason(end.finish_reason))
+
+    def final(self, end: Ending) -> dict:
+        choice = {"index": 0, **self.choice(end.text.content),
+                  "finish_reason": finish_reason(end.finish_reason)}  # fmt: skip
+        return self.response(choice, end)
+
+
+@openai_endpoint
+async def completions(request: HttpRequest):
+    body = parse_body(request, CompletionRequest)
+    answer = await pipeline.start(request, body.ask(), source="openai")
+    return await pipeline.respond(answer, CompletionWriter(answer, body), streamed=body.stream)
+
+
+# --- embeddings --------------------------------------------------------------------------
+
+
+@openai_endpoint
+async def embeddings(request: HttpRequest) -> JsonResponse:
+    body = parse_body(request, OpenAIEmbeddingRequest)
+    inputs = body.inputs
+    model = await pipeline.resolve_model(body.model)
+    check_dimensions(body.dimensions, model.embedding_length)
+    # OpenAI refuses an input over the model's limit rather than cutting it.
+    result = await embed(model, inputs, truncate=False)
+    embedding = result.embedding
+    check_dimensions(body.dimensions, embedding.dim)
+    if body.encoding_format == "base64":
+        vectors = [embedding.base64(i, normalised=True) for i in range(embedding.count)]
+    else:
+        vectors = embedding.vectors(normalised=True)
+    tokens = embedding.prompt_tokens
+    return JsonResponse({
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": v}
+                 for i, v in enumerate(vectors)],
+        "model": model.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    })  # fmt: skip
+
+
+__all__ = ["ApiError", "chat_completions", "completions", "embeddings", "list_models",
+           "retrieve_model"]  # fmt: skip

@@ -1,0 +1,241 @@
+"""The answer pipeline: one path from a parsed body of any dialect to a running answer, and one
+consumer of its events. A dialect (openai/, responses/, anthropic/, ollama/) is a small adapter
+over it: its body's `ask()` says what the body asks in the pipeline's terms (an Ask), and its
+Writer says how it writes chunks, its final object and errors.
+
+Starting an answer (`start`), the same for every dialect:
+1. the model the body names (`resolve_model`; 404 for a name the catalog does not know);
+2. the prompt: the conversation through the model's template with its tools and thinking switch,
+   or a prompt sent as is (dashboard.api.templating; a 400 names the body's field);
+3. the constraints: the body's sampling, plus the tool-call grammar where the answer may hold
+   calls and the body sets no grammar of its own;
+4. the request (inference.catalog.specs.request_for): the caller's fields from its key
+   (dashboard.api.auth.caller_fields: cache key and partition, priority, share) and the
+   keep-alive its key is granted; its clock started when it reached the application;
+5. the run (dashboard.api.run.Run): submitted, and its first event awaited, so that a refusal
+   is an HTTP status before any byte of the answer.
+
+Consuming it: `stream` (stream: true) or `whole` (stream: false) reads the run's events, feeds
+each token's text to the answer's parser (its thinking and content split, tool calls parsed),
+and hands the Writer what is final: pieces as they come, then an Ending (the rest, the calls,
+the done event and the answer's figures, dashboard.api.figures), or an error. A streamed
+answer's TTFT is stamped after the first chunk written once it has output (dashboard.wire);
+however it ends, the run is closed (a client that left cancels its generation) and recorded.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from appliance.arrival import arrived_wall
+from dashboard.api.answer_parser import AnswerParser, Piece
+from dashboard.api.auth import app_id, caller_fields, granted_keep_alive
+from dashboard.api.errors import ApiError, from_event, from_refusal
+from dashboard.api.logprobs import TokenEntry
+from dashboard.api.run import Run
+from dashboard.api.streaming import stream_response
+from dashboard.api.templating import ChatPrompt, chat_prompt, raw_prompt
+from dashboard.api.tools import ToolCall
+from inference.catalog.lookup import UnknownModel, resolve
+from inference.catalog.specs import context_asked, request_for, spec_for
+from inference.engine import GenerationRequest, Refused
+from inference.engine.generation import Priority
+from inference.models import LLMModel
+from inference.serving.client import get_client
+from inference.serving.tokens import TokenError, TokenResult
+from inference.text.prompting import Prompt
+from inference.text.thinking import Think
+
+
+@dataclass(slots=True, kw_only=True)
+class Ask:
+    """What a body asks, in the pipeline's terms: every dialect's body maps onto this."""
+
+    model: str  # the name asked; "" for the default model
+    messages: list[dict] | None = None  # the conversation, OpenAI-style (templating reads it)
+    prompt: str | None = None  # or a prompt sent as is (completions, Ollama's raw)
+    tools: list[dict] | None = None  # the offered tools, OpenAI's shape
+    parallel_tool_calls: bool = True
+    think: Think = None  # the template's switch (dashboard.api.rules)
+    think_param: str = "think"  # the body's field for it, named in a 400
+    sampling: dict = field(default_factory=dict)  # the engine's names (rules.sampling)
+    priority: Priority = "interactive"  # what the body asks; its key may hold it lower
+    keep_alive: float | None = None  # asked (Ollama's); a chat key's is clamped
+    num_ctx: int | None = None  # the context per sequence asked (Ollama's options.num_ctx)
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How an answer ended, for its Writer's last chunks or its whole object."""
+
+    text: Piece  # what is left to write: the parser's rest, or the whole answer (stream: false)
+    calls: list[ToolCall]
+    done: dict  # the engine's done event
+    figures: dict  # the answer's figures (dashboard.api.figures reads them)
+
+    @property
+    def finish_reason(self) -> str:
+        return self.done["finish_reason"]
+
+    @property
+    def stop(self) -> str | None:
+        """The stop sequence that ended the answer, if one did."""
+        return self.done.get("stop")
+
+
+class Answer:
+    """A running answer: its Run, the parser of its text, and the model name it answers as."""
+
+    def __init__(self, run: Run, parser: AnswerParser, name: str):
+        self.run = run
+        self.parser = parser
+        self.name = name
+        self.has_output = False  # some output has been handed to its Writer
+
+    @property
+    def id(self) -> str:
+        return self.run.id
+
+    def feed(self, text: str) -> Piece:
+        piece = self.parser.feed(text)
+        self.has_output = self.has_output or bool(piece)
+        return piece
+
+    def end(self, done: dict, before: Piece | None = None) -> Ending:
+        """The done event's Ending; `before`, the text not handed over yet (stream: false)."""
+        rest, calls = self.parser.finish()
+        self.has_output = self.has_output or bool(rest or calls)
+        figures = {**self.run.figures(done.get("figures") or {}),
+                   "reasoning_tokens": self.parser.thinking_tokens}  # fmt: skip
+        return Ending((before or Piece()) + rest, calls, done, figures)
+
+    def take_logprobs(self) -> list[TokenEntry]:
+        """The log-probabilities of the tokens whose text is out (dashboard.api.logprobs)."""
+        return self.run.take_logprobs()
+
+
+class Writer(Protocol):
+    """A dialect's side of one answer."""
+
+    content_type: str  # of its stream
+
+    def opening(self) -> list[bytes]: ...  # before any output
+    def piece(self, piece: Piece) -> list[bytes]: ...  # text that is final
+    def ending(self, end: Ending) -> list[bytes]: ...  # the rest, the calls, the end
+    def failure(self, error: ApiError) -> list[bytes]: ...  # an error after the stream began
+    def final(self, end: Ending) -> dict: ...  # the whole answer as one object (stream: false)
+
+
+# --- starting an answer -----------------------------------------------------------------------
+
+
+async def resolve_model(name: str | None) -> LLMModel:
+    """Step 1."""
+    try:
+        return await sync_to_async(resolve)(name or None)
+    except UnknownModel as exc:
+        raise ApiError(404, str(exc), param="model", code="model_not_found") from None
+
+
+async def render(model: LLMModel, ask: Ask) -> ChatPrompt:
+    """Step 2: the prompt of what the body asks (also what count_tokens and /apply-template
+    show)."""
+    if ask.prompt is not None:
+        return raw_prompt(model, ask.prompt, ask.think)
+    return await chat_prompt(model, ask.messages or [], ask.tools, think=ask.think,
+                             think_param=ask.think_param)  # fmt: skip
+
+
+def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> GenerationRequest:
+    """Step 4: the request for an API call (inference.catalog.specs.request_for), its clock
+    started when it reached the application (the gate's stamp, appliance.arrival), not now,
+    after parsing, authentication and prompt rendering; a sampling value out of bounds (or any
+    other field the request refuses) is a 400 naming it."""
+    try:
+        return request_for(model, prompt, asked, arrived_wall=arrived_wall(), **fields)
+    except Refused as exc:
+        raise from_refusal(exc) from None
+
+
+async def start(request: HttpRequest, ask: Ask, *, source: str,
+                model: LLMModel | None = None) -> Answer:  # fmt: skip
+    """Steps 1 to 5 (`model`: resolved already). `source`: the dialect, for the history."""
+    model = model or await resolve_model(ask.model)
+    prompt = await render(model, ask)
+    sampling = prompt.constrain(ask.sampling, parallel=ask.parallel_tool_calls)
+    keep_alive = granted_keep_alive(request.api_key, model, ask.keep_alive)
+    asked = api_request(model, prompt.prompt, sampling, keep_alive=keep_alive,
+                        **caller_fields(request, asked=ask.priority))  # fmt: skip
+    run = Run(model, asked, source=source, client_name=request.api_key.name,
+              app=app_id(request), min_ctx=context_asked(model, ask.num_ctx))  # fmt: skip
+    await run.start()
+    return Answer(run, prompt.answer_parser(), ask.model or model.name)
+
+
+# --- consuming it -----------------------------------------------------------------------------
+
+
+async def stream(answer: Answer, writer: Writer) -> AsyncIterator[bytes]:
+    """The answer's chunks as its Writer writes them (stream: true)."""
+    try:
+        for chunk in writer.opening():
+            yield chunk
+        async for event in answer.run.events():
+            if event["type"] == "token":
+                chunks = writer.piece(answer.feed(event["text"]))
+            elif event["type"] == "done":
+                chunks = writer.ending(answer.end(event))
+            elif event["type"] == "error":
+                chunks = writer.failure(from_event(event))
+            else:
+                continue
+            for chunk in chunks:
+                yield chunk
+                # On the socket now (Django's ASGI handler resumes this generator once the
+                # server has written the chunk): its first output is the TTFT.
+                if answer.has_output:
+                    answer.run.first_output.sent()
+    finally:
+        await answer.run.close()  # a client that left mid-stream cancels its generation here
+
+
+async def whole(answer: Answer, writer: Writer) -> dict:
+    """The Writer's final object, once the answer has ended (stream: false); an error raises."""
+    written = Piece()
+    async for event in answer.run.events():
+        if event["type"] == "token":
+            written += answer.feed(event["text"])
+        elif event["type"] == "done":
+            return writer.final(answer.end(event, written))
+        elif event["type"] == "error":
+            raise from_event(event)
+    raise from_event(answer.run.final or {})  # (events() always ends with done or error)
+
+
+async def respond(answer: Answer, writer: Writer, *, streamed: bool) -> HttpResponse:
+    if streamed:
+        return stream_response(stream(answer, writer), writer.content_type)
+    return JsonResponse(await whole(answer, writer))
+
+
+# --- the prompt's tokens ----------------------------------------------------------------------
+
+
+async def tokenize_text(
+    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False
+) -> TokenResult:
+    """The model's tokens of `text`, from its own tokenizer in its runner process."""
+    try:
+        return await get_client().tokenize(spec_for(model), text, add_special=add_special,
+                                           with_pieces=with_pieces)  # fmt: skip
+    except TokenError as exc:
+        raise from_event(exc.event) from None
+
+
+async def count_prompt_tokens(model: LLMModel, prompt: Prompt) -> int:
+    """The prompt tokens a generation of `prompt` would have (its BOS rule included)."""
+    result = await tokenize_text(model, prompt.text, add_special=prompt.add_special)
+    return len(result.tokens)
