@@ -23,11 +23,12 @@ run: install
 # Split mode's tests run on PostgreSQL, as docker-compose.yml deploys split mode, in a pytest
 # run of their own (Django has one default database per process); the rest on SQLite, as
 # embedded mode runs. `make test SPLIT_DATABASE_URL=` runs them on SQLite too.
-SPLIT_TESTS := tests/inference/serving/split
+SPLIT_TESTS := tests/inference/serving/split tests/dashboard/chat/split \
+	tests/inference/test_storable_on_postgresql.py
 SPLIT_DATABASE_URL ?= postgres://appliance@127.0.0.1:5432/appliance
 
 test: install-test
-	$(PY) -m pytest --ignore=$(SPLIT_TESTS)
+	$(PY) -m pytest $(addprefix --ignore=,$(SPLIT_TESTS))
 	$(if $(SPLIT_DATABASE_URL),DATABASE_URL=$(SPLIT_DATABASE_URL)) $(PY) -m pytest $(SPLIT_TESTS)
 
 bench: install

@@ -36,7 +36,7 @@ Chat frames out:
     {"type": "count", "seq", "tokens": int | null, "context", "left_out"}  (tokens null: not
      counted, the model is not loaded: dashboard.chat.counting)
 A refused frame gets an error frame without message_id and changes nothing. An answer keeps
-running when its socket closes; a new socket attaches to it (dashboard.chat.answers).
+running when its socket closes; a new socket attaches to it (dashboard.chat.running).
 """
 
 import asyncio
@@ -53,7 +53,7 @@ from django.conf import settings
 from redis import RedisError
 
 from appliance.arrival import arrival
-from dashboard.chat import answers, counting, turns
+from dashboard.chat import counting, running, turns
 from dashboard.limits import chat_sockets
 from dashboard.web import telemetry
 from dashboard.web.boxes import box_for
@@ -98,11 +98,11 @@ class ChatConsumer(_JsonConsumer):
     (dashboard.wire)."""
 
     # No channel of its own on the channel layer: answers reach the socket in this process
-    # (dashboard.chat.answers), and a channel nobody sends to would only tie the socket to the
+    # (dashboard.chat.running), and a channel nobody sends to would only tie the socket to the
     # broker (Channels closes a consumer whose channel receive fails, as when Redis restarts).
     channel_layer_alias = None
-    turn: answers.Turn | None = None  # the answer this socket watches (its own or attached)
-    subscriber: answers.Subscriber | None = None  # how this socket watches it
+    turn: running.Turn | None = None  # the answer this socket watches (its own or attached)
+    subscriber: running.Subscriber | None = None  # how this socket watches it
     outbox: asyncio.Queue | None = None  # (frame, the turn it belongs to or None)
     sender: asyncio.Task | None = None
     holder: str | None = None  # "user:<id>" while this socket counts against its user's cap
@@ -138,7 +138,7 @@ class ChatConsumer(_JsonConsumer):
             if turn is not None and frame.get("type") in OUTPUT_FRAMES:
                 turn.first_output.sent()  # written to the transport now
 
-    def post(self, frame: dict, turn: answers.Turn | None = None) -> None:
+    def post(self, frame: dict, turn: running.Turn | None = None) -> None:
         """A frame for this socket (never blocks); `turn`: the answer it is part of."""
         self.outbox.put_nowait((frame, turn))
 
@@ -227,7 +227,7 @@ class ChatConsumer(_JsonConsumer):
         saved = await database_sync_to_async(turns.check_attach)(
             *self._who(), conversation_id=conversation
         )
-        turn = answers.running_turn(conversation)
+        turn = running.running_turn(conversation)
         if turn is None or not turn.running or turn.user_id != self.scope["user"].pk:
             self.post({"type": "attached", "id": conversation, "running": False, **saved})
             return
@@ -255,7 +255,7 @@ class ChatConsumer(_JsonConsumer):
     async def on_stop(self, frame: dict) -> None:
         # Idempotent: a stop racing the answer's end is not an error.
         if self.turn is not None and self.turn.running:
-            await answers.cancel(self.turn, "stopped by the user")
+            await running.cancel(self.turn, "stopped by the user")
 
     async def on_count(self, frame: dict) -> None:
         seq = frame.get("seq")
@@ -293,7 +293,7 @@ class ChatConsumer(_JsonConsumer):
         if self.turn is not None and self.turn.running:
             raise turns.ChatRefused("busy", "an answer is still streaming; stop it first")
 
-    def _watch(self, turn: answers.Turn, *, replay: bool) -> None:
+    def _watch(self, turn: running.Turn, *, replay: bool) -> None:
         self._unwatch()
         self.turn = turn
         self.subscriber = lambda frame: self.post(frame, turn)
@@ -304,10 +304,10 @@ class ChatConsumer(_JsonConsumer):
             self.turn.unsubscribe(self.subscriber)
             self.turn = self.subscriber = None
 
-    def _start(self, turn: answers.Turn) -> None:
+    def _start(self, turn: running.Turn) -> None:
         self.post(turn.announcement())
         self._watch(turn, replay=False)
-        answers.start(turn)
+        running.start(turn)
 
     async def disconnect(self, code) -> None:
         # The answer runs on to its end (and is saved); a new socket can attach to it.

@@ -9,6 +9,10 @@ import pytest
 
 from inference.catalog.starter import starter_model_path
 
+# Split mode's harness (real Redis, real inference workers), for the tests of every folder
+# that runs split mode (the Makefile's SPLIT_TESTS).
+pytest_plugins = ["tests.split.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def starter_path():

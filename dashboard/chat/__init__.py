@@ -1,9 +1,11 @@
 """The chat page's turns, from a browser's frame to a saved answer:
 
 - turns: preparing a turn (send, edit, regenerate, Continue), versions, renames;
-- prompt: what a turn's prompt holds (on the API's own prompt path, inference.text.prompting);
+- turn_request: what a turn's prompt holds and the request built from it (the steps the API's
+  answer pipeline takes too: inference.text.prompting, inference.catalog.specs.request_for);
 - window: which turns of a long chat the model still reads;
-- answers: the answers that run on when their socket goes away, and saving them.
+- running: the answers that run on when their socket goes away, and saving them;
+- counting: the composer's token count, on a loaded model.
 
 ChatRefused, how every step of a turn says no to a frame, lives here, beside them all.
 """

@@ -3,7 +3,8 @@ the model's own tokenizer, and the context it goes into.
 
 1. (sync, in a thread) The user, conversation and model a send would have, and the prompt it
    would build: the system prompt, the turns the window keeps, the message being written,
-   through the model's template (dashboard.chat.turns.send_inputs, dashboard.chat.prompt.build).
+   through the model's template (dashboard.chat.turns.send_inputs,
+   dashboard.chat.turn_request.build).
    Nothing is saved.
 2. The model's runner counts the prompt's tokens, its BOS rule included, so the count is the
    `prompt_tokens` the answer would report; only when the model is loaded already: counting
@@ -18,8 +19,7 @@ from typing import Literal, TypedDict
 from channels.db import database_sync_to_async
 from django.contrib.sessions.backends.base import SessionBase
 
-from dashboard.chat import ChatRefused
-from dashboard.chat import prompt as chat_prompt
+from dashboard.chat import ChatRefused, turn_request
 from dashboard.chat.turns import send_inputs
 from inference.catalog.specs import spec_for
 from inference.engine.host import ModelSpec
@@ -42,19 +42,20 @@ class CountReply(TypedDict):
     type: Literal["count"]
     seq: int
     tokens: int | None  # None: not counted (the model is not loaded, or the count failed)
-    context: int | None  # tokens per sequence the model gets (dashboard.chat.prompt.context_of)
+    # Tokens per sequence the model gets (dashboard.chat.turn_request.context_of).
+    context: int | None
     left_out: int  # earlier messages the window leaves out of this prompt
 
 
 def _build(
     user_id: int, session: SessionBase | None, ask: CountAsk
-) -> tuple[ModelSpec, chat_prompt.Prompt, int]:
+) -> tuple[ModelSpec, turn_request.Prompt, int]:
     """Step 1: the model's runner spec, the prompt, and the model's context."""
     asked = send_inputs(user_id, session, conversation_id=ask.conversation_id,
                         model_name=ask.model_name, system_prompt=ask.system_prompt)  # fmt: skip
-    prompt = chat_prompt.build(asked.model, asked.conversation, asked.system_prompt, asked.branch,
+    prompt = turn_request.build(asked.model, asked.conversation, asked.system_prompt, asked.branch,
                                [{"role": "user", "content": ask.content}])  # fmt: skip
-    return spec_for(asked.model), prompt, chat_prompt.context_of(asked.model)
+    return spec_for(asked.model), prompt, turn_request.context_of(asked.model)
 
 
 def uncounted(seq: int) -> CountReply:

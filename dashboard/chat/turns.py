@@ -7,7 +7,7 @@ The steps (the consumer calls 1 and 2, and stops, attaches and detaches through 
    template, and only then persist: the user message and an assistant message in state
    "streaming" (Continue writes on into the answer it continues). A refusal raises ChatRefused
    and changes nothing.
-2. start / run_turn (dashboard.chat.answers; async, a task of its own): stream the
+2. start / run_turn (dashboard.chat.running; async, a task of its own): stream the
    generation through the inference client, publishing phases, progress and tokens to whichever
    sockets are attached, saving the partial answer every few seconds, and at the end saving the
    content, state, figures and a RequestRecord, before the final frame goes out.
@@ -29,9 +29,8 @@ from django.contrib.sessions.backends.base import SessionBase
 from django.db import transaction
 
 from appliance.arrival import arrived_wall
-from dashboard.chat import ChatRefused
-from dashboard.chat import prompt as chat_prompt
-from dashboard.chat.answers import Claim, Turn, is_active, register
+from dashboard.chat import ChatRefused, turn_request
+from dashboard.chat.running import Claim, Turn, is_active, register
 from dashboard.models import Conversation, Message, newest_leaf, versions
 from inference.catalog.lookup import UnknownModel, resolve
 from inference.catalog.specs import spec_for
@@ -94,7 +93,7 @@ def _open_answer(conversation, parent, model, request) -> Message:
 
 
 def _turn(
-    conversation, user, model, request, prompt: chat_prompt.Prompt, answer, *, kind: str,
+    conversation, user, model, request, prompt: turn_request.Prompt, answer, *, kind: str,
     user_message_id: int | None = None, replaced_message_id: int | None = None,
     truncate_from: int | None = None, prefix: str = "", prefix_tokens: int = 0,
 ) -> Turn:  # fmt: skip
@@ -108,7 +107,7 @@ def _turn(
     )  # fmt: skip
 
 
-def _save_window(conversation: Conversation, prompt: chat_prompt.Prompt) -> None:
+def _save_window(conversation: Conversation, prompt: turn_request.Prompt) -> None:
     conversation.context_start_id = prompt.context_start
     conversation.save(update_fields=["context_start", "model_name", "system_prompt", "leaf",
                                      "updated_at"])  # fmt: skip
@@ -128,7 +127,7 @@ def _ask(
     truncate_from=None,
 ) -> Turn:
     """A new question and its answer, under `parent_of_question` (shared by send and edit)."""
-    prompt = chat_prompt.build(model, conversation, system_prompt, earlier,
+    prompt = turn_request.build(model, conversation, system_prompt, earlier,
                                [{"role": "user", "content": content}])  # fmt: skip
     claim = Claim(user.pk)
     try:
@@ -139,7 +138,7 @@ def _ask(
                     system_prompt=system_prompt,
                 )  # fmt: skip
             claim.take(conversation.pk)
-            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
+            request = turn_request.answer_request(model, prompt, conversation, arrived)
             asked = Message.objects.create(conversation=conversation, parent=parent_of_question,
                                            role=Message.Role.USER, content=content)  # fmt: skip
             answer = _open_answer(conversation, asked, model, request)
@@ -248,13 +247,13 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
         raise ChatRefused("nothing_to_regenerate", "there is no question to answer again")
     question = earlier[-1]
     model = _model(conversation.model_name)
-    prompt = chat_prompt.build(model, conversation, conversation.system_prompt, earlier[:-1],
+    prompt = turn_request.build(model, conversation, conversation.system_prompt, earlier[:-1],
                                [{"role": "user", "content": question.content}])  # fmt: skip
     claim = Claim(user.pk)
     try:
         with transaction.atomic():
             claim.take(conversation.pk)
-            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
+            request = turn_request.answer_request(model, prompt, conversation, arrived)
             answer = _open_answer(conversation, question, model, request)
             conversation.model_name = model.name
             conversation.leaf = answer
@@ -282,7 +281,7 @@ def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_
         raise ChatRefused("nothing_to_continue", "there is no answer to continue")
     question = branch[-2]
     model = _model(answer.model_name or conversation.model_name)
-    prompt = chat_prompt.build(model, conversation, conversation.system_prompt, branch[:-2],
+    prompt = turn_request.build(model, conversation, conversation.system_prompt, branch[:-2],
                                [{"role": "user", "content": question.content},
                                 {"role": "assistant", "content": answer.content}],
                                partial=answer.content)  # fmt: skip
@@ -290,7 +289,7 @@ def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_
     try:
         with transaction.atomic():
             claim.take(conversation.pk)
-            request = chat_prompt.answer_request(model, prompt, conversation, arrived)
+            request = turn_request.answer_request(model, prompt, conversation, arrived)
             Message.objects.filter(pk=answer.pk).update(
                 state=Message.State.STREAMING, error="", request_id=request.request_id,
                 model_name=model.name,
@@ -299,7 +298,7 @@ def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_
             _save_window(conversation, prompt)
             turn = _turn(conversation, user, model, request, prompt, answer, kind="continue",
                          prefix=answer.content,
-                         prefix_tokens=chat_prompt.answer_tokens(answer))  # fmt: skip
+                         prefix_tokens=turn_request.answer_tokens(answer))  # fmt: skip
     except BaseException:
         claim.drop()
         raise

@@ -12,8 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.chat import answers, turns
-from dashboard.chat import prompt as chat_prompt
+from dashboard.chat import running, turn_request, turns
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
 from inference.catalog.lookup import default_model
@@ -43,7 +42,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
         "context_start": None,
         "models": models,
         # Tokens per sequence, for the page's token counter.
-        "contexts": {model.name: chat_prompt.context_of(model) for model in registered},
+        "contexts": {model.name: turn_request.context_of(model) for model in registered},
         "model": default.name if default else None,
         "max_content_chars": turns.MAX_CONTENT_CHARS,
         "max_system_prompt_chars": turns.MAX_SYSTEM_PROMPT_CHARS,
@@ -76,7 +75,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
 @require_POST
 def delete_conversation(request: HttpRequest, conversation_id: int) -> HttpResponse:
     conversation = get_object_or_404(Conversation, pk=conversation_id, user=request.user)
-    if answers.is_active(conversation.pk):
+    if running.is_active(conversation.pk):
         return HttpResponse("this conversation is answering; stop it first", status=409)
     conversation.delete()
     return redirect("chat")

@@ -46,11 +46,6 @@ def thinking_mode(template: str | None) -> bool:
     return bool(_SWITCH.search(text)) or OPEN in text or CLOSE in text
 
 
-def template_switches_thinking(template: str | None) -> bool:
-    """Whether the template itself turns thinking on and off (reads `enable_thinking`)."""
-    return bool(_SWITCH.search(template or ""))
-
-
 def template_variables(template: str | None, think: Think) -> dict[str, object]:
     """The variables that carry the request's switch into the template; none when the request
     leaves it to the template (think is None), so `enable_thinking is defined` stays false."""
@@ -146,11 +141,3 @@ class ThinkingSplitter:
         if self._state is _State.THINKING:
             return rest.rstrip(), ""  # rule 4; a partial "</thi" is thinking text
         return "", ""
-
-
-def split_thinking(answer: str, *, inside: bool = False) -> tuple[str, str]:
-    """A whole answer split at once: (thinking, content)."""
-    splitter = ThinkingSplitter(inside=inside)
-    thinking, content = splitter.feed(answer)
-    more_thinking, more_content = splitter.finish()
-    return thinking + more_thinking, content + more_content

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
-from dashboard.chat import answers, turns
+from dashboard.chat import running, turns
 from dashboard.models import Conversation, Message
 from inference.models import RequestRecord
 from inference.serving.client import get_client
@@ -192,7 +192,7 @@ async def test_a_disconnect_leaves_the_answer_running_to_its_end_and_saved(long_
     text = "".join(tokens)
     await ws.disconnect(timeout=60)
 
-    turn = answers.running_turn(opening["id"])
+    turn = running.running_turn(opening["id"])
     assert turn is not None and turn.running  # nobody watches, and it goes on
     final = await asyncio.wait_for(turn.task, timeout=300)
     assert final["finish_reason"] in ("stop", "length")
@@ -204,7 +204,7 @@ async def test_a_disconnect_leaves_the_answer_running_to_its_end_and_saved(long_
 
 @pytest.mark.model
 async def test_the_partial_answer_is_saved_while_it_streams(long_answers, member, monkeypatch):
-    monkeypatch.setattr(answers, "PARTIAL_SAVE_EVERY_S", 0.0)  # save after every token
+    monkeypatch.setattr(running, "PARTIAL_SAVE_EVERY_S", 0.0)  # save after every token
     ws, _, _ = await open_socket("/ws/chat/", member)
     await ws.send_json_to({"type": "send", "conversation": None, "content": "Tell me a story."})
     opening = await ws.receive_json_from(timeout=30)

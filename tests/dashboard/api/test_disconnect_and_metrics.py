@@ -4,8 +4,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.dashboard.api.ollama.test_client import wait_until
 from tests.dashboard.api.server import STARTER
-from tests.dashboard.api.test_ollama_client import wait_until
 
 pytestmark = pytest.mark.model
 

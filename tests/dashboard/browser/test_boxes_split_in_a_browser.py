@@ -13,9 +13,9 @@ from playwright.sync_api import expect
 from tests.dashboard.browser.conftest import ADMIN_PASSWORD, log_in
 from tests.dashboard.browser.test_dashboard_in_a_browser import SHOTS
 from tests.inference.ggufs import tiny_gguf
-from tests.inference.serving.split.conftest import no_workers_left
-from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
 from tests.live import LiveAppliance
+from tests.split.fixtures import no_workers_left
+from tests.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis]
 

@@ -5,7 +5,7 @@ and the model stays unloaded."""
 import pytest
 from asgiref.sync import sync_to_async
 
-from dashboard.chat.prompt import context_of
+from dashboard.chat.turn_request import context_of
 from inference.catalog.specs import spec_for
 from inference.serving.client import get_client
 from tests.dashboard.web.sockets import open_socket, until_final

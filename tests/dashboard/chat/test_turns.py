@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from asgiref.sync import sync_to_async
 
-from dashboard.chat import answers, turns
+from dashboard.chat import running, turns
 from dashboard.models import Conversation, Message
 from inference.serving.client import get_client
 from tests.dashboard.web.sockets import open_socket, streamed_text, until_final, wait_for
@@ -31,8 +31,10 @@ def _branch(conversation_id):
 async def no_answer_left_running():
     """An answer outlives its socket by design: stop what a test left, and wait for its save."""
     yield
-    for turn in answers.running_turns():
-        await answers.cancel(turn, "the test ended")
+    with running._turns_lock:
+        left = [turn for turn in running._turns.values() if turn is not None]
+    for turn in left:
+        await running.cancel(turn, "the test ended")
         if turn.task is not None:
             await asyncio.wait_for(asyncio.gather(turn.task, return_exceptions=True), 120)
 
@@ -137,7 +139,7 @@ async def test_an_answer_nobody_watches_runs_as_background_until_a_reader_attach
     opening = await first.receive_json_from(timeout=60)
     await _tokens(first, 2)
     rid = opening["request_id"]
-    turn = answers.running_turn(opening["id"])
+    turn = running.running_turn(opening["id"])
     assert turn.request.share == f"user:{member.pk}"  # the person's turn in fair share
     assert await wait_for(lambda: _runs_as(rid, "interactive"))
 

@@ -7,7 +7,7 @@ import pytest
 
 from dashboard.api.pipeline import api_request
 from dashboard.api.templating import _render, raw_prompt
-from dashboard.chat import prompt as chat_prompt
+from dashboard.chat import turn_request
 from inference.catalog.importing import register_file
 from inference.models import LLMModel
 from tests.inference.ggufs import tiny_gguf
@@ -33,9 +33,9 @@ def bos_model(settings, tmp_path) -> LLMModel:
 
 
 def chat_request(model: LLMModel, question: str):
-    prompt = chat_prompt.build(model, None, "", [], [{"role": "user", "content": question}])
+    prompt = turn_request.build(model, None, "", [], [{"role": "user", "content": question}])
     conversation = SimpleNamespace(pk=7, user_id=3)
-    return chat_prompt.answer_request(model, prompt, conversation, arrived=0.0)
+    return turn_request.answer_request(model, prompt, conversation, arrived=0.0)
 
 
 def test_the_chat_page_and_the_api_send_the_same_prompt_with_one_bos(bos_model):

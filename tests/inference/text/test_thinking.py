@@ -11,8 +11,6 @@ from inference.text.thinking import (
     ThinkingSplitter,
     close_thinking,
     prompt_opens_thinking,
-    split_thinking,
-    template_switches_thinking,
     template_variables,
     thinking_mode,
 )
@@ -35,6 +33,11 @@ def characters(text: str) -> list[str]:
     return list(text)
 
 
+def split_thinking(answer: str, *, inside: bool = False) -> tuple[str, str]:
+    """A whole answer split at once: (thinking, content)."""
+    return stream(ThinkingSplitter(inside=inside), [answer])
+
+
 # 1. Templates.
 
 
@@ -45,11 +48,6 @@ def test_qwen3_and_deepseek_r1_templates_have_a_thinking_mode_and_chatml_has_non
     assert not thinking_mode(CHATML)
     assert not thinking_mode("")
     assert not thinking_mode(None)
-
-
-def test_only_a_template_that_reads_enable_thinking_switches_it_itself():
-    assert template_switches_thinking(QWEN3)
-    assert not template_switches_thinking(DEEPSEEK_R1)
 
 
 def test_the_switch_reaches_the_template_only_when_the_request_sets_it():

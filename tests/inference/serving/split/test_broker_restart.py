@@ -11,10 +11,10 @@ import pytest
 from channels.db import database_sync_to_async
 
 from tests.dashboard.web.sockets import open_socket, until_final
-from tests.inference.serving.split.conftest import split_client_on, split_web_process
-from tests.inference.serving.split.redis_server import RedisServer
-from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
-from tests.inference.serving.split.workers import WorkerProcess
+from tests.split.fixtures import split_client_on, split_web_process
+from tests.split.redis_server import RedisServer
+from tests.split.streams import collect, counting, eventually, short, tokens
+from tests.split.workers import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 

@@ -13,7 +13,7 @@ from inference.catalog.importing import register_file
 from inference.models import LLMModel
 from inference.serving import copies
 from inference.serving.split_protocol import worker_queue
-from tests.inference.serving.split.workers import WorkerProcess
+from tests.split.workers import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from inference.serving.split_client import SplitClient, WorkerError
-from tests.inference.serving.split.conftest import no_workers_left
-from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
-from tests.inference.serving.split.workers import REDIS_URL
+from tests.split.fixtures import no_workers_left
+from tests.split.streams import collect, counting, eventually, short, tokens
+from tests.split.workers import REDIS_URL
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 

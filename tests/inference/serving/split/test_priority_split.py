@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from inference.serving import split_protocol as protocol
-from tests.inference.serving.split.streams import collect, counting, eventually, tokens
+from tests.split.streams import collect, counting, eventually, tokens
 
 
 def _priorities(split_client, model: str) -> list[str]:

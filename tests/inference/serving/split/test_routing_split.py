@@ -20,8 +20,8 @@ from inference.engine.runner_config import RunnerConfig
 from inference.serving import split_protocol as protocol
 from inference.serving.routing import CONVERSATION, LOADED
 from inference.serving.split_client import WorkerError
-from tests.inference.serving.split.conftest import no_workers_left
-from tests.inference.serving.split.streams import chat_prompt, collect, short
+from tests.split.fixtures import no_workers_left
+from tests.split.streams import chat_prompt, collect, short
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 

@@ -6,7 +6,7 @@ import pytest
 
 from inference.engine import GenerationRequest, SamplingParams
 from inference.serving import split_protocol as protocol
-from tests.inference.serving.split.streams import collect, counting, eventually, short, tokens
+from tests.split.streams import collect, counting, eventually, short, tokens
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 

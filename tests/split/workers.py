@@ -30,7 +30,7 @@ def clean_split_redis() -> redis.Redis:
     return client
 
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[2]
 CELERY = Path(sys.executable).with_name("celery")
 START_TIMEOUT_S = 120  # importing Django, Celery and llama.cpp on a shared 2-core box
 

@@ -3,7 +3,7 @@ the context (dashboard.chat.window), the new question, rendered with the model's
 on the API's own path (inference.text.prompting); and the request built from it the API's way too
 (inference.catalog.specs.request_for), with the chat page's answer length and prefix-cache key.
 
-Apart from dashboard.chat, which persists the turn, because building the prompt only reads: a
+Apart from dashboard.chat.turns, which persists the turn, because building the prompt only reads: a
 refusal here (a chat template that fails) leaves nothing to undo.
 """
 
@@ -118,7 +118,7 @@ def answer_request(
 ) -> GenerationRequest:
     # A person's conversations reuse only their own KV (the prefix cache is partitioned), and
     # take the person's turn in fair-share admission, whichever of their chats asks. A person
-    # reads the answer: interactive (dashboard.chat.answers lowers it while nobody watches).
+    # reads the answer: interactive (dashboard.chat.running lowers it while nobody watches).
     person = f"user:{conversation.user_id}"
     try:
         return request_for(

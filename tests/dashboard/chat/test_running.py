@@ -1,11 +1,11 @@
-"""A running chat answer's priority follows whether anyone reads it (dashboard.chat.answers),
+"""A running chat answer's priority follows whether anyone reads it (dashboard.chat.running),
 told to a stand-in inference client; the real engine's side is in test_chat_turns."""
 
 import asyncio
 
 import pytest
 
-from dashboard.chat.answers import Turn
+from dashboard.chat.running import Turn
 from inference.engine import GenerationRequest, SamplingParams
 from inference.serving import client as client_module
 from inference.serving.client import set_client

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER_ARGS = ["-A", "appliance", "worker", "-Q", "inference", "-P", "threads"]
 
 
@@ -27,7 +27,7 @@ def test_it_declares_every_process_of_split_mode(services):
 
 
 def test_the_inference_service_runs_the_command_the_tests_start(services):
-    from tests.inference.serving.split.workers import WorkerProcess
+    from tests.split.workers import WorkerProcess
 
     command = services["inference"]["command"]
     assert command[:1] == ["celery"]

@@ -1,7 +1,7 @@
 """Split mode's database: PostgreSQL, as docker-compose.yml deploys it (`make test` runs this
-package on it, in a pytest run of its own: the Makefile's SPLIT_DATABASE_URL). What SQLite takes
-and PostgreSQL refuses is stored the same way on both (inference.storable): these rows would
-fail to save on PostgreSQL otherwise."""
+module on it, with split mode's tests, in a pytest run of its own: the Makefile's SPLIT_TESTS
+and SPLIT_DATABASE_URL). What SQLite takes and PostgreSQL refuses is stored the same way on both
+(inference.storable): these rows would fail to save on PostgreSQL otherwise."""
 
 import math
 import os

@@ -1,5 +1,6 @@
 """Split mode for real: Redis on 127.0.0.1:6379 (database 15, flushed once per session), real
-inference worker processes, and a SplitClient in the test process.
+inference worker processes, and a SplitClient in the test process; a plugin of the whole suite
+(tests/conftest.py), used by the split-mode tests wherever they are.
 
 Skipped only when that Redis does not answer (CI starts one)."""
 
@@ -14,7 +15,7 @@ import redis
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.serving import split_protocol as protocol
-from tests.inference.serving.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
+from tests.split.workers import REDIS_URL, WorkerProcess, clean_split_redis
 
 if TYPE_CHECKING:
     from inference.serving.split_client import SplitClient

@@ -1,5 +1,5 @@
 """Running answers: the Turn that streams one answer to whichever sockets watch it, the
-registry of the turns running in this process, and saving what they generated.
+turns running in this process, and saving what they generated.
 
 Apart from dashboard.chat (which prepares a turn and hands it here) because this is the part that
 outlives a socket: a turn belongs to its conversation, runs on when its socket goes away, and a
@@ -190,11 +190,6 @@ def is_active(conversation_id: int) -> bool:
 def running_turn(conversation_id: int) -> Turn | None:
     with _turns_lock:
         return _turns.get(conversation_id)
-
-
-def running_turns() -> list[Turn]:
-    with _turns_lock:
-        return [turn for turn in _turns.values() if turn is not None]
 
 
 def _claim(conversation_id: int, user_id: int) -> None:
