@@ -8,7 +8,8 @@ waits for after that happens on the web side: the runner's event crossing into t
 when the first chunk or frame that carries output (content, thinking or tool calls) has been
 handed to the transport:
 
-- the OpenAI and Ollama streams stamp after `yield` returns: Django's ASGI handler resumes the
+- every dialect's stream stamps after `yield` returns (dashboard.api.pipeline.stream, after
+  the first chunk written once the answer has output): Django's ASGI handler resumes the
   generator only once uvicorn's `send` has written the chunk to the socket;
 - the chat page stamps after the socket's `send_json` of its first token or thinking frame.
 

@@ -1,4 +1,4 @@
-"""Django admin for the registry, jobs and request history: a view behind the pages, for
+"""Django admin for the catalog, jobs and request history: a view behind the pages, for
 fixing records by hand. What the GGUF header says is read-only (the file is the truth)."""
 
 import time

@@ -1,4 +1,4 @@
-"""The model registry, background jobs, and the stored figures of every request."""
+"""The catalog of models, background jobs, and the stored figures of every request."""
 
 from django.db import models
 from django.db.models.functions import Lower

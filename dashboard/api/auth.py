@@ -230,7 +230,7 @@ def cache_partition(request: HttpRequest) -> str:
     return request.api_key.cache_partition
 
 
-# A request's own ask for a lower priority, in either dialect (Ollama's API has no field for it;
+# A request's own ask for a lower priority, in any dialect (Ollama's API has no field for it;
 # OpenAI's service_tier "flex" asks the same).
 PRIORITY_HEADER = "X-Appliance-Priority"
 

@@ -162,7 +162,7 @@ def is_packaged(model: LLMModel) -> bool:
 
 
 def unregister(model: LLMModel) -> str:
-    """Remove a model from the registry; the caller has made sure it is not loaded.
+    """Remove a model from the catalog; the caller has made sure it is not loaded.
 
     The file goes too only when it lives inside MODELS_DIR and no package owns it. A packaged
     model is hidden instead, so the next start does not register it again. Returns what was

@@ -94,7 +94,7 @@ def request_for(
     **fields,
 ) -> GenerationRequest:
     """The request to send for a rendered prompt (inference.text.prompting.Prompt), built once, the
-    same for the chat page and both API dialects: the model's sampling (sampling_for), the
+    same for the chat page and every API dialect: the model's sampling (sampling_for), the
     prompt's BOS rule, and the caller's ids and keys (`fields`: cache_key, cache_partition,
     keep_alive, arrived_wall: None for now). Raises InvalidParams."""
     if fields.get("arrived_wall") is None:

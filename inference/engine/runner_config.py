@@ -28,7 +28,7 @@ class RunnerConfig:
     use_extra_bufts: bool = True
 
     def __post_init__(self) -> None:
-        # A plain str: the registry hands over a Django TextChoices member, which would drag
+        # A plain str: the catalog hands over a Django TextChoices member, which would drag
         # Django into the runner process when the config is unpickled there.
         object.__setattr__(self, "kv_type", str(self.kv_type))
         checks = {

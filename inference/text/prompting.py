@@ -3,7 +3,7 @@
 Templates come from GGUF metadata (or the admin's override) and are rendered only in a sandbox,
 inside a render process with memory, CPU and wall-clock limits (inference.gguf.render_pool).
 
-One path for the chat page and both API dialects (`prompt_for`, `raw_prompt`), so the same
+One path for the chat page and every API dialect (`prompt_for`, `raw_prompt`), so the same
 messages give the same tokens whichever way they arrive: the BOS token is added unless the
 template wrote it (`add_special`), and the answer's thinking is split the same way.
 

@@ -1,7 +1,7 @@
 """`python manage.py import_model PATH [--name N]`: validate a GGUF file and register it.
 
 A file inside MODELS_DIR is registered where it is; any other is copied in first (into a hidden
-partial file, hashed on the way, then renamed into place), so the registry never points at a
+partial file, hashed on the way, then renamed into place), so the catalog never points at a
 file that can move away under it. Exits non-zero with a clear message when it cannot.
 """
 

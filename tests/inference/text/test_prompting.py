@@ -1,4 +1,4 @@
-"""One prompt path: the chat page and both API dialects turn the same messages into the same
+"""One prompt path: the chat page and every API dialect turn the same messages into the same
 request (inference.text.prompting, inference.catalog.specs.request_for), BOS rule included."""
 
 from types import SimpleNamespace
