@@ -1,0 +1,78 @@
+"""An answer's figures reach every dialect from one place: each Writer's final object and the
+stream's last chunk carry figures.timings() of the answer's figures, so a figure added there is
+in every dialect's output (OpenAI chat and completions, Responses, Anthropic, Ollama)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from dashboard.api.answer_parser import Piece
+from dashboard.api.anthropic.views import MessagesWriter
+from dashboard.api.figures import timings
+from dashboard.api.ollama.views import LinesWriter
+from dashboard.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from dashboard.api.openai.views import ChatWriter, CompletionWriter
+from dashboard.api.pipeline import Ending
+from dashboard.api.responses.schemas import ResponsesRequest
+from dashboard.api.responses.views import ResponsesWriter
+
+FIGURES = {"prompt_tokens": 12, "cached_tokens": 4, "output_tokens": 7, "prefill_time": 0.02,
+           "ttft": 0.05, "queue_time": 0.001, "load_time": 0.0, "total_time": 0.3,
+           "itl": {"p50": 0.01, "p95": 0.02, "p99": 0.03, "max": 0.04},
+           "timeline": [{"phase": "decode", "start": 0.05, "end": 0.3}],
+           "reasoning_tokens": 2}  # fmt: skip
+ENDING = Ending(Piece("", "Hello."), [], {"finish_reason": "stop", "figures": FIGURES}, FIGURES)
+USER = [{"role": "user", "content": "Hi"}]
+
+
+def answer() -> SimpleNamespace:
+    return SimpleNamespace(id="1", name="m", take_logprobs=lambda: [])
+
+
+def writers(stream: bool) -> dict:
+    """A Writer of each dialect for one answer."""
+    body = {"stream": stream}
+    chat = ChatCompletionRequest.model_validate({"messages": USER, **body})
+    completion = CompletionRequest.model_validate({"prompt": "Hi", **body})
+    responses = ResponsesRequest.model_validate({"input": "Hi", **body})
+    return {
+        "openai chat": ChatWriter(answer(), chat),
+        "openai completions": CompletionWriter(answer(), completion),
+        "responses": ResponsesWriter(answer(), responses),
+        "anthropic": MessagesWriter(answer()),
+        "ollama chat": LinesWriter(answer(), "message"),
+        "ollama generate": LinesWriter(answer(), "response"),
+    }
+
+
+def carried(value, found: list) -> list:
+    """Every `timings` object anywhere in `value`."""
+    if isinstance(value, dict):
+        if "timings" in value:
+            found.append(value["timings"])
+        for item in value.values():
+            carried(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            carried(item, found)
+    return found
+
+
+def chunk_data(chunk: bytes) -> dict:
+    text = chunk.decode()
+    line = next((ln for ln in text.splitlines() if ln.startswith("data: ")), text)
+    return json.loads(line.removeprefix("data: ")) if line.strip() != "data: [DONE]" else {}
+
+
+@pytest.mark.parametrize("dialect", list(writers(False)))
+def test_every_dialects_whole_answer_carries_the_one_timings(dialect):
+    final = writers(False)[dialect].final(ENDING)
+    assert carried(final, []) == [timings(FIGURES)]
+
+
+@pytest.mark.parametrize("dialect", list(writers(True)))
+def test_every_dialects_stream_ends_with_the_one_timings(dialect):
+    chunks = writers(True)[dialect].ending(ENDING)
+    found = [t for chunk in chunks for t in carried(chunk_data(chunk), [])]
+    assert found and all(t == timings(FIGURES) for t in found)
