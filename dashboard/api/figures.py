@@ -46,6 +46,7 @@ def timings(figures: dict) -> dict:
         "predicted_n": figures.get("output_tokens") or 0,
         "predicted_ms": _ms(decode_span(figures)),
         "predicted_per_second": figures.get("decode_tps"),
+        "reasoning_n": figures.get("reasoning_tokens") or 0,  # of predicted_n, the thinking's
         "cache_n": figures.get("cached_tokens") or 0,
         "ttft_ms": _ms(figures.get("ttft")),
         "queue_ms": _ms(figures.get("queue_time")),

@@ -69,6 +69,7 @@ def chunk_data(chunk: bytes) -> dict:
 def test_every_dialects_whole_answer_carries_the_one_timings(dialect):
     final = writers(False)[dialect].final(ENDING)
     assert carried(final, []) == [timings(FIGURES)]
+    assert timings(FIGURES)["reasoning_n"] == 2  # the thinking's tokens, in every dialect
 
 
 @pytest.mark.parametrize("dialect", list(writers(True)))
