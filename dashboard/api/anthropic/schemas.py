@@ -1,7 +1,7 @@
 """Anthropic request bodies: /v1/messages and /v1/messages/count_tokens.
 
 A conversation arrives as Anthropic writes it (a top-level `system`, content blocks, tool_use
-blocks in assistant turns and tool_result blocks in user turns) and leaves `template_messages`
+blocks in assistant turns and tool_result blocks in user turns) and leaves `chat_messages()`
 as the OpenAI-style messages the answer pipeline reads (`ask()`: dashboard.api.pipeline): a
 tool_use is a tool call, a tool_result a tool message, a thinking block the turn's
 reasoning_content.
@@ -208,11 +208,11 @@ class CountTokensRequest(Strict):
         return not (self.tool_choice and self.tool_choice.disable_parallel_tool_use)
 
     def ask(self) -> Ask:
-        return Ask(model=self.model, messages=self.template_messages(), tools=self.active_tools,
+        return Ask(model=self.model, messages=self.chat_messages(), tools=self.active_tools,
                    parallel_tool_calls=self.parallel_tool_calls, think=self.think,
                    think_param="thinking")  # fmt: skip
 
-    def template_messages(self) -> list[dict]:
+    def chat_messages(self) -> list[dict]:
         """The conversation as the prompt path reads it (OpenAI-style messages): the system
         first; a user turn's tool_result blocks as tool messages (named after the call they
         answer) before its text; an assistant turn's tool_use blocks as its tool calls."""

@@ -195,9 +195,12 @@ class OllamaChatRequest(OllamaGenerationBase):
         """An empty conversation only loads (or, with keep_alive 0, unloads) the model."""
         return not self.messages
 
+    def chat_messages(self) -> list[dict]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
     def ask(self) -> Ask:
         ask = super().ask()
-        ask.messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        ask.messages = self.chat_messages()
         ask.tools = self.active_tools
         return ask
 

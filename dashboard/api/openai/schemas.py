@@ -212,9 +212,13 @@ class ChatCompletionRequest(OpenAISampling):
             return None
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
+    def chat_messages(self) -> list[dict]:
+        """The messages as the answer pipeline reads them (every dialect's chat_messages())."""
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
     def ask(self) -> Ask:
         return Ask(
-            model=self.model, messages=[m.model_dump(exclude_none=True) for m in self.messages],
+            model=self.model, messages=self.chat_messages(),
             tools=self.active_tools, parallel_tool_calls=self.parallel_tool_calls is not False,
             think=self.think, think_param="reasoning_effort", sampling=self.sampling(),
             priority=self.priority,

@@ -6,8 +6,9 @@ The endpoint is stateless, as Ollama's and llama-server's are: nothing is stored
 accepted and answered with `store: false`: the response says that it was not kept.
 
 `input` (a string, or message, reasoning, function_call and function_call_output items) becomes
-the chat messages that chat completions takes (`messages()`), so both render through the same
-template path (dashboard.api.templating) with the same tools, thinking and grammars.
+the chat messages that chat completions takes (`chat_messages()`), so both go through the same
+answer pipeline (`ask()`: dashboard.api.pipeline) with the same tools, thinking and grammars
+(dashboard.api.rules).
 """
 
 from typing import Annotated, Any, Literal
@@ -282,12 +283,12 @@ class ResponsesRequest(Strict):
 
     def ask(self) -> Ask:
         return Ask(
-            model=self.model, messages=self.messages(), tools=self.active_tools,
+            model=self.model, messages=self.chat_messages(), tools=self.active_tools,
             parallel_tool_calls=self.parallel_tool_calls is not False, think=self.think,
             think_param="reasoning", sampling=self.sampling(), priority=self.priority,
         )  # fmt: skip
 
-    def messages(self) -> list[dict]:
+    def chat_messages(self) -> list[dict]:
         """The conversation as chat messages (dashboard.api.templating.template_message reads
         them): instructions first, a call's items merged into the assistant turn that made it,
         an output as a tool message naming its call, a reasoning item as the thinking of the

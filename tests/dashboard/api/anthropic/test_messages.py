@@ -40,7 +40,7 @@ def test_a_tool_round_trip_becomes_tool_calls_and_tool_messages():
                 {"type": "text", "text": "Sunny"}]},
             {"type": "text", "text": "And tomorrow?"}]},
     ])  # fmt: skip
-    assert asked.template_messages() == [
+    assert asked.chat_messages() == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Weather?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "I should call it.",

@@ -52,7 +52,7 @@ def consumed(events: list[dict]) -> tuple[list, Response | None]:
 
 
 def test_a_string_input_and_instructions_are_a_system_and_a_user_message():
-    assert request(instructions="Be brief.").messages() == [
+    assert request(instructions="Be brief.").chat_messages() == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
     ]
@@ -70,7 +70,7 @@ def test_output_items_passed_back_become_the_assistant_turn_and_its_tool_message
          "arguments": '{"on": true}', "status": "completed"},
         {"type": "function_call_output", "call_id": "call_1", "output": "done"},
     ]  # fmt: skip
-    assert request(input=items).messages() == [
+    assert request(input=items).chat_messages() == [
         {"role": "developer", "content": "Rules."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "On it.", "reasoning_content": "They want light.",
