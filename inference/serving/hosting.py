@@ -7,16 +7,40 @@ settings say how many models, how long a queue, where the CPU self-check keeps i
 from django.conf import settings
 
 from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.tiers.config import (
+    PromptCacheConfig,
+    automatic_disk,
+    automatic_ram,
+    worker_directory,
+)
 from inference.serving.supervisor import RunnerSupervisor
 
+EMBEDDED = "embedded"  # the web process's own "worker" (its kept prompts' directory)
 
-def make_supervisor() -> RunnerSupervisor:
+
+def make_supervisor(worker: str = EMBEDDED) -> RunnerSupervisor:
     return RunnerSupervisor(
         itl_target=settings.ITL_TARGET_MS / 1000.0,
         background_itl_target=settings.BACKGROUND_ITL_TARGET_MS / 1000.0,
         max_queue=settings.ENGINE_MAX_QUEUE,
         state_dir=settings.DATA_DIR,
+        prompt_cache=prompt_cache_config(worker),
     )
+
+
+def prompt_cache_config(worker: str) -> PromptCacheConfig:
+    """Warm memory for this worker's runners (inference.engine.tiers.config): its directory,
+    each runner's share of the RAM bound, the disk bound."""
+    directory = worker_directory(prompt_cache_root(), worker)
+    ram = settings.PROMPT_CACHE_RAM
+    disk = settings.PROMPT_CACHE_DISK
+    ram = automatic_ram() if ram is None else ram
+    disk = automatic_disk(directory) if disk is None else disk
+    return PromptCacheConfig(str(directory), ram // settings.MAX_LOADED_MODELS, disk)
+
+
+def prompt_cache_root():
+    return settings.DATA_DIR / "kv-cache"
 
 
 def make_host(supervisor: RunnerSupervisor) -> EngineHost:

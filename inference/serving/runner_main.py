@@ -8,14 +8,21 @@ runner reads Launch, loads the model, warms it up (so a CPU that cannot run this
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
 1. the main thread reads Submit / Cancel / SetPriority / Embed / Tokenize / Detokenize /
-   SnapshotRequest / Shutdown, and answers each Submit and SnapshotRequest at once (a snapshot
+   ForgetPrompts / SnapshotRequest / Shutdown, and answers each Submit and SnapshotRequest at
+   once (a snapshot
    only reads counters: it never waits for a step); an Embed is checked and tokenized here and
    answered when the engine thread has computed it, between two steps; a Tokenize or
    Detokenize is checked here and answered when the engine thread has computed it;
 2. the engine thread sends every event of every request the moment it happens.
 
+With warm memory on (Launch.prompt_cache), the runner keeps prompts in its tiers
+(inference.engine.tiers): its disk tier is indexed before Ready, and when it stops (a Shutdown,
+or its supervisor gone) what its idle slots hold goes into the RAM tier, the model is freed, and
+only then is the RAM tier written to disk (at most PromptCacheConfig.flush_s): an unload costs
+the next load nothing, and loses nothing.
+
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
-outlives the process that started it. It imports no Django.
+outlives the process that started it by more than that flush. It imports no Django.
 """
 
 import importlib
@@ -27,6 +34,7 @@ import time
 from multiprocessing.connection import Connection
 
 from inference.engine import Engine, Refused
+from inference.engine.tiers.config import open_store
 from inference.serving import messages as m
 
 log = logging.getLogger("inference.runner")
@@ -108,6 +116,18 @@ def tokens(engine: Engine, message: m.Tokenize | m.Detokenize, outbox: Outbox) -
         future.add_done_callback(answer)
 
 
+def forget(engine: Engine, message: m.ForgetPrompts, outbox: Outbox) -> None:
+    """Start a ForgetPrompts; its answer goes out when the engine thread has done it."""
+
+    def answer(future) -> None:
+        entries = -1 if future.exception() is not None else future.result()
+        outbox.send(m.PromptsForgotten(message.request_id, entries))
+
+    engine.forget_prompts(message.partition, everything=message.everything).add_done_callback(
+        answer
+    )
+
+
 def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
     while True:
         try:
@@ -133,6 +153,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             embed(engine, message, outbox)
         elif isinstance(message, m.Tokenize | m.Detokenize):
             tokens(engine, message, outbox)
+        elif isinstance(message, m.ForgetPrompts):
+            forget(engine, message, outbox)
         elif isinstance(message, m.SnapshotRequest):
             outbox.send(m.Snapshot(message.serial, engine.snapshot()))
         elif isinstance(message, m.Shutdown):
@@ -150,9 +172,11 @@ def run(conn: Connection) -> None:
     started = time.perf_counter()
     engine = None
     try:
+        runner = load_runner(launch)
         engine = Engine(
-            load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
+            runner, itl_target=launch.itl_target, max_queue=launch.max_queue,
             background_itl_target=launch.background_itl_target, name=launch.name,
+            prompts=kept_prompts(launch, runner),
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead
@@ -166,6 +190,22 @@ def run(conn: Connection) -> None:
         serve(conn, outbox, engine)
     finally:
         engine.shutdown(timeout=5)  # a no-op after a Shutdown; the runner closes once
+        if launch.prompt_cache is not None:
+            written = engine.persist_prompts(launch.prompt_cache.flush_s)
+            if written:
+                log.info("%s: %d kept prompts written to disk", launch.name, written)
+
+
+def kept_prompts(launch: m.Launch, runner):
+    """The runner's tiers (inference.engine.tiers), or None: warm memory off, or a runner
+    without save and restore. A disk tier that cannot be opened leaves RAM only."""
+    if launch.prompt_cache is None or not hasattr(runner, "save"):
+        return None
+    try:
+        return open_store(launch.prompt_cache, launch.config, runner)
+    except Exception as exc:  # noqa: BLE001 - serving without warm memory beats not serving
+        log.warning("%s: kept prompts are off: %s", launch.name, exc)
+        return None
 
 
 def main(argv: list[str]) -> None:

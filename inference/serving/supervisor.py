@@ -24,6 +24,7 @@ from typing import Literal, TypedDict
 
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused
+from inference.engine.tiers.config import PromptCacheConfig
 from inference.serving.cpu_check import CpuCheck
 from inference.serving.runner_process import (
     DEFAULT_RUNNER_FACTORY,
@@ -90,7 +91,11 @@ class RunnerSupervisor:
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         first_backoff_s: float = FIRST_BACKOFF_S,
         max_backoff_s: float = MAX_BACKOFF_S,
+        prompt_cache: PromptCacheConfig | None = None,
     ):
+        """`prompt_cache`: the warm memory every runner gets (its model's digest filled in per
+        launch); None: runners keep prompts in their slots only."""
+        self.prompt_cache = prompt_cache
         self.itl_target = itl_target
         self.background_itl_target = background_itl_target
         self.max_queue = max_queue
@@ -110,7 +115,7 @@ class RunnerSupervisor:
         if config.use_extra_bufts and not self.cpu.extra_bufts_allowed():
             config = dataclasses.replace(config, use_extra_bufts=False)
         try:
-            process = self._launch(spec.name, config)
+            process = self._launch(spec, config)
         except RunnerLoadError as exc:
             if not (_faulted(exc.exit) and config.use_extra_bufts):
                 self._failed(record, exc)
@@ -123,7 +128,7 @@ class RunnerSupervisor:
                 record.restarts += 1
             config = dataclasses.replace(config, use_extra_bufts=False)
             try:
-                process = self._launch(spec.name, config)
+                process = self._launch(spec, config)
             except RunnerLoadError as again:
                 self._failed(record, again)
                 raise
@@ -135,11 +140,14 @@ class RunnerSupervisor:
             self._exited(process, process.exit)
         return process
 
-    def _launch(self, name: str, config) -> RunnerProcess:
+    def _launch(self, spec: ModelSpec, config) -> RunnerProcess:
+        prompt_cache = self.prompt_cache
+        if prompt_cache is not None:
+            prompt_cache = dataclasses.replace(prompt_cache, model_sha256=spec.sha256)
         return RunnerProcess(
-            name, config, itl_target=self.itl_target,
+            spec.name, config, itl_target=self.itl_target,
             background_itl_target=self.background_itl_target, max_queue=self.max_queue,
-            runner_factory=self.runner_factory,
+            runner_factory=self.runner_factory, prompt_cache=prompt_cache,
         ).start()  # fmt: skip
 
     def _begin(self, name: str) -> _Record:

@@ -108,7 +108,7 @@ class WorkerRuntime:
             [settings.MODELS_DIR], [path for _, path in packaged_models()],
             cache_file=settings.DATA_DIR / "model-index.json",
         )  # fmt: skip
-        self.supervisor = make_supervisor()
+        self.supervisor = make_supervisor(name)
         self.host = make_host(self.supervisor)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()

@@ -12,6 +12,7 @@ The next token is a deterministic function of the sequence's KV, so a request ge
 whatever runs beside it, and a wrong KV (a bad trim, a wrong position) changes the output.
 """
 
+import json
 import math
 import threading
 import time
@@ -71,6 +72,9 @@ class FakeRunner:
         self.scripts: dict[str, list[int]] = {}  # request id -> its outputs, in order
         self.fail_for: set[str] = set()  # request ids whose step raises, as a decode error would
         self.fail_trim = False  # trim() raises: a bug in the engine's own machinery
+        self.refuse_restore = False  # restore() refuses every state, as llama.cpp may
+        self.saves: list[int] = []  # seq ids, one per save()
+        self.restores: list[tuple[int, int]] = []  # (seq id, tokens restored)
         self.gate: threading.Event | None = None  # when set up, execute() waits for it
         self.logprobs_asked: list[str] = []  # request ids, one per logprobs() call
         self.executing = threading.Event()  # set while execute() runs
@@ -132,6 +136,29 @@ class FakeRunner:
             for trim in trims:
                 self.trims.append(trim)
                 del self.kv[trim.seq_id][trim.start :]
+
+    state_format = "fake 1"
+
+    def save(self, seq_id: int) -> bytearray:
+        """A sequence's KV as bytes: its token ids, tagged so that a wrong state is refused."""
+        with self._lock:
+            self.saves.append(seq_id)
+            return bytearray(json.dumps({"fake-kv": self.kv[seq_id]}).encode())
+
+    def restore(self, seq_id: int, data: bytearray) -> bool:
+        with self._lock:
+            self.kv[seq_id] = []
+            if self.refuse_restore:
+                return False
+            try:
+                tokens = json.loads(bytes(data))["fake-kv"]
+            except (ValueError, KeyError, TypeError):
+                return False
+            if len(tokens) > self.ctx_per_seq:
+                self._violation(f"a restore of {len(tokens)} tokens > {self.ctx_per_seq}")
+            self.kv[seq_id] = list(tokens)
+            self.restores.append((seq_id, len(tokens)))
+            return True
 
     def execute(self, chunks: list[Chunk]) -> list[int]:
         self.executing.set()
