@@ -210,6 +210,8 @@ DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
 # memory off (prompts stay in their sequence slots only); disk 0 keeps them in RAM only.
 PROMPT_CACHE_RAM = envsize("PROMPT_CACHE_RAM")
 PROMPT_CACHE_DISK = envsize("PROMPT_CACHE_DISK")
+# A restart loads the models that were loaded at the stop again, in the background.
+RELOAD_MODELS_AT_START = envbool("RELOAD_MODELS_AT_START", True)
 REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
 # Downloads may reach private LAN addresses (10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10);
 # false leaves them only public ones. Loopback, link-local and the appliance's own Redis and

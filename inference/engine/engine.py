@@ -55,11 +55,13 @@ from inference.engine.telemetry import Telemetry
 from inference.engine.textstream import TextStream
 from inference.engine.tiers import PromptStore, RestoreCosts
 from inference.engine.tiers.disk import DiskResult
+from inference.engine.tiers.entries import conversation_digest
 
 log = logging.getLogger(__name__)
 
 STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tokens this recent
 MAX_SHARE_ROWS = 32  # rows of the snapshot's "shares" table
+MAX_WARM_ROWS = 256  # conversations a snapshot names as kept (the router's hint, bounded)
 
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
@@ -329,11 +331,17 @@ class Engine:
         }
 
     def _prompt_cache_now(self) -> dict:
-        """The tiers against their bounds, their use since load, the measured restore rates."""
+        """The tiers against their bounds, their use since load, the measured restore rates,
+        and the conversations kept (digests, for split mode's router: resident and tiers)."""
         reading = {"enabled": self.prompts is not None and self.prompts.enabled,
                    "use": self.telemetry.reuse(), **self.costs.rates()}  # fmt: skip
+        keys = [s.cache_key for s in list(self.scheduler.cache.slots) if s.cache_key]
         if self.prompts is not None:
             reading.update(self.prompts.stats())
+            keys += self.prompts.conversations(MAX_WARM_ROWS)
+        reading["conversations"] = list(dict.fromkeys(map(conversation_digest, keys)))[
+            :MAX_WARM_ROWS
+        ]
         return reading
 
     def _streams_now(self, now: float) -> list[dict]:

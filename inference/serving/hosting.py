@@ -13,7 +13,9 @@ from inference.engine.tiers.config import (
     automatic_ram,
     worker_directory,
 )
+from inference.serving import warm_start
 from inference.serving.supervisor import RunnerSupervisor
+from inference.serving.warm_start import LoadedRecord
 
 EMBEDDED = "embedded"  # the web process's own "worker" (its kept prompts' directory)
 
@@ -43,8 +45,9 @@ def prompt_cache_root():
     return settings.DATA_DIR / "kv-cache"
 
 
-def make_host(supervisor: RunnerSupervisor) -> EngineHost:
-    """The serving host: every loaded model in a runner process of `supervisor`."""
+def make_host(supervisor: RunnerSupervisor, worker: str = EMBEDDED) -> EngineHost:
+    """The serving host: every loaded model in a runner process of `supervisor`; what it has
+    loaded recorded for the next start (inference.serving.warm_start)."""
     from inference.preflight import fit, validate  # GGUF check; context sized, memory vs free
 
     def fits_beside_the_loaded(spec: ModelSpec, replacing: ModelSpec | None = None) -> ModelSpec:
@@ -59,4 +62,20 @@ def make_host(supervisor: RunnerSupervisor) -> EngineHost:
         validate=validate,
         preflight=fits_beside_the_loaded,
     )
+    host.on_change = loaded_record(worker).write
     return host
+
+
+def loaded_record(worker: str) -> LoadedRecord:
+    """Where a worker records the models it has loaded (one file per worker in DATA_DIR)."""
+    return LoadedRecord(worker_directory(settings.DATA_DIR / "loaded-models", worker)
+                        .with_suffix(".json"))  # fmt: skip
+
+
+def reload_previous(host: EngineHost, worker: str = EMBEDDED, resolve=None):
+    """At start: load again what was loaded before the last stop, in the background; None when
+    RELOAD_MODELS_AT_START is off."""
+    if not settings.RELOAD_MODELS_AT_START:
+        return None
+    extra = {"resolve": resolve} if resolve is not None else {}
+    return warm_start.reload_previous(host, loaded_record(worker), **extra)

@@ -57,7 +57,7 @@ class DiskTier:
 
     # --- opening -----------------------------------------------------------------------------
 
-    def open(self) -> list[KvEntry] | None:
+    def open(self, *, quiet: bool = False) -> list[KvEntry] | None:
         """Take the directory and index its entries (module doc); None when another runner
         holds it or it cannot be made (the runner then keeps prompts in RAM only)."""
         try:
@@ -66,8 +66,12 @@ class DiskTier:
             log.warning("kept prompts stay in RAM: cannot use %s (%s)", self.directory, exc)
             return None
         if self._lock_handle is None:
-            log.warning("kept prompts stay in RAM: another runner holds %s", self.directory)
+            if not quiet:
+                log.warning("kept prompts stay in RAM: another runner holds %s%s",
+                            self.directory, " (it is writing its own to disk)"
+                            if self.holder_flushing() else "")  # fmt: skip
             return None
+        files.mark(self._lock_handle, "serving")
         for leftover in self.directory.glob("*.tmp"):
             leftover.unlink(missing_ok=True)
         self._drop_other_layouts()
@@ -77,6 +81,16 @@ class DiskTier:
         self._thread = threading.Thread(target=self._work, name="kv-disk", daemon=True)
         self._thread.start()
         return entries
+
+    def holder_flushing(self) -> bool:
+        """Whether the runner holding the directory is a stopped one writing its RAM tier."""
+        return files.marked(self.directory) == "flushing"
+
+    def flushing(self) -> None:
+        """Say that this runner has stopped and only writes its RAM tier now: a runner of the
+        same model started meanwhile takes the directory over when this one lets go."""
+        if self._lock_handle is not None:
+            files.mark(self._lock_handle, "flushing")
 
     def _drop_other_layouts(self) -> None:
         model_dir = self.directory.parent

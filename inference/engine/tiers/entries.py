@@ -39,10 +39,14 @@ class KvLayout:
 
     @property
     def model_key(self) -> str:
-        """The model's directory name: its digest, or a hash of its path before it has one."""
-        if len(self.model) == 64 and all(c in "0123456789abcdef" for c in self.model):
-            return self.model
-        return "path-" + hashlib.sha256(self.model.encode()).hexdigest()[:32]
+        return model_key(self.model)
+
+
+def model_key(model: str) -> str:
+    """A model's directory name: its sha256, or a hash of "file:<path>" before it has one."""
+    if len(model) == 64 and all(c in "0123456789abcdef" for c in model):
+        return model
+    return "path-" + hashlib.sha256(model.encode()).hexdigest()[:32]
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +79,12 @@ class KvEntry:
     @property
     def tier(self) -> str:
         return "ram" if self.data is not None else "disk"
+
+
+def conversation_digest(cache_key: str) -> str:
+    """A conversation's name as workers announce what they keep (split mode's router): short,
+    and not the key itself."""
+    return hashlib.sha256(cache_key.encode()).hexdigest()[:16]
 
 
 def as_tokens(ids) -> np.ndarray:

@@ -23,6 +23,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import struct
 import zlib
 from dataclasses import dataclass
@@ -168,6 +169,22 @@ def lock(directory: Path):
     return handle
 
 
+def mark(handle, state: str) -> None:
+    """Write the lock holder's state ("serving", "flushing") into its lock file."""
+    handle.seek(0)
+    handle.truncate()
+    handle.write(state.encode())
+    handle.flush()
+
+
+def marked(directory: Path) -> str:
+    """The state the lock holder wrote ("" when none)."""
+    try:
+        return (directory / LOCK_NAME).read_text()[:16]
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def is_locked(directory: Path) -> bool:
     """Whether a runner holds this layout directory now."""
     if not directory.is_dir():
@@ -177,6 +194,71 @@ def is_locked(directory: Path) -> bool:
         return True
     handle.close()
     return False
+
+
+def forget(worker_dir: Path, *, model_key: str | None = None, partition: str | None = None,
+           everything: bool = False) -> int:  # fmt: skip
+    """Delete kept prompts under a worker's directory that no runner holds: a model's
+    (`model_key`), a partition's (`partition`), or with `everything` all of the model's (or of
+    every model); returns the entries deleted. A directory a runner holds is its runner's to
+    forget (Engine.forget_prompts)."""
+    models = [Path(worker_dir) / model_key] if model_key else sorted(Path(worker_dir).glob("*"))
+    deleted = 0
+    for model_dir in models:
+        for directory in sorted(model_dir.glob("*")):
+            if not directory.is_dir() or is_locked(directory):
+                continue
+            for path in entry_files(directory):
+                if everything or _partition_of(path) in (partition, _UNREADABLE):
+                    path.unlink(missing_ok=True)
+                    deleted += 1
+            if everything:
+                shutil.rmtree(directory, ignore_errors=True)
+        if everything and model_dir.is_dir() and not any(model_dir.iterdir()):
+            model_dir.rmdir()
+    return deleted
+
+
+def conversations(worker_dir: Path, limit: int) -> list[str]:
+    """The conversations (cache keys) kept on disk under a worker's directory, the most
+    recently written first, at most `limit`."""
+    paths = []
+    for path in Path(worker_dir).glob(f"*/*/*{SUFFIX}"):
+        try:
+            paths.append((path.stat().st_mtime_ns, path))
+        except FileNotFoundError:
+            continue
+    keys: dict[str, None] = {}
+    for _, path in sorted(paths, reverse=True):
+        header = _header_of(path)
+        key = header.get("cache_key") if isinstance(header, dict) else None
+        if isinstance(key, str) and key:
+            keys[key] = None
+            if len(keys) >= limit:
+                break
+    return list(keys)
+
+
+_UNREADABLE = object()
+
+
+def _partition_of(path: Path):
+    """An entry's partition from its header alone (any layout), or _UNREADABLE."""
+    header = _header_of(path)
+    return header.get("partition") if isinstance(header, dict) else _UNREADABLE
+
+
+def _header_of(path: Path) -> dict | None:
+    """An entry's header fields, unchecked (any layout); None when it is not an entry."""
+    try:
+        with open(path, "rb") as source:
+            magic, version, _, header_len = _PREFIX.unpack(source.read(_PREFIX.size))
+            if magic != MAGIC or version != FORMAT or header_len > MAX_HEADER:
+                return None
+            fields = json.loads(source.read(header_len))
+            return fields if isinstance(fields, dict) else None
+    except (OSError, ValueError, struct.error):
+        return None
 
 
 def entry_files(directory: Path) -> list[Path]:

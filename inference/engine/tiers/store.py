@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 MIN_TOKENS = 16
 # How long a put waits for spills in flight before it drops what does not fit.
 SPILL_WAIT_S = 0.05
+# A directory a stopped runner still writes to is taken over within this (config.FLUSH_S).
+TAKEOVER_S, TAKEOVER_POLL_S = 30.0, 0.2
 
 
 @dataclass(slots=True, frozen=True)
@@ -60,26 +62,49 @@ class PromptStore:
                        "spill_failed": 0, "forgotten": 0}  # fmt: skip
         self._entries: dict[str, KvEntry] = {}
         self._clock = 0
+        self._closed = False
         self._lock = threading.Condition()
 
-    def open(self) -> "PromptStore":
-        """Index the disk tier's entries (DiskTier.open); without it, RAM only."""
-        if self.disk is not None:
-            found = self.disk.open()
-            if found is None:
-                self.disk = None
-            else:
-                self.disk.notify = self._disk_done
-                with self._lock:
-                    for entry in found:
-                        self._clock += 1
-                        entry.last_used = self._clock
-                        self._entries[entry.id] = entry
-                        self.disk_used += entry.n_bytes
-                    self._trim_disk(0)
-                log.info("kept prompts: %d entries (%d MiB) on disk for this model",
-                         len(found), self.disk_used >> 20)  # fmt: skip
+    def open(self, *, takeover_s: float = TAKEOVER_S) -> "PromptStore":
+        """Index the disk tier's entries (DiskTier.open); without it, RAM only. A directory
+        that a stopped runner of the same model still writes to (it was unloaded a moment ago)
+        is taken over in the background once it lets go, within `takeover_s`."""
+        disk, self.disk = self.disk, None
+        if disk is None:
+            return self
+        found = disk.open()
+        if found is not None:
+            self._attach(disk, found)
+        elif disk.holder_flushing():
+            threading.Thread(target=self._take_over, args=(disk, takeover_s),
+                             name="kv-takeover", daemon=True).start()  # fmt: skip
         return self
+
+    def _take_over(self, disk: DiskTier, within: float) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and not self._closed:
+            time.sleep(TAKEOVER_POLL_S)
+            found = disk.open(quiet=True)
+            if found is not None:
+                if self._closed:
+                    disk.close()
+                else:
+                    self._attach(disk, found)
+                return
+        log.warning("kept prompts stay in RAM: %s was not let go of", disk.directory)
+
+    def _attach(self, disk: DiskTier, found: list[KvEntry]) -> None:
+        disk.notify = self._disk_done
+        with self._lock:
+            for entry in found:
+                self._clock += 1
+                entry.last_used = self._clock
+                self._entries[entry.id] = entry
+                self.disk_used += entry.n_bytes
+            self.disk = disk
+            self._trim_disk(0)
+        log.info("kept prompts: %d entries (%d MiB) on disk for this model",
+                 len(found), self.disk_used >> 20)  # fmt: skip
 
     @property
     def enabled(self) -> bool:
@@ -284,6 +309,7 @@ class PromptStore:
         and wait for the disk thread up to `timeout`; returns the entries written."""
         if self.disk is None:
             return 0
+        self.disk.flushing()
         with self._lock:
             waiting = sorted((e for e in self._entries.values()
                               if e.data is not None and not e.on_disk and e.pending is None),
@@ -300,6 +326,7 @@ class PromptStore:
         return written
 
     def close(self) -> None:
+        self._closed = True
         if self.disk is not None:
             self.disk.close()
 

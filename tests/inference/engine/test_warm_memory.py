@@ -74,7 +74,7 @@ def test_later_turns_of_more_conversations_than_slots_restore_from_ram():
 
 def test_the_cached_tokens_by_tier_add_up_to_the_cached_tokens():
     engine, _ = warm_engine(slots=1)
-    for turn, f in round_robin(engine, conversations(2), turns=2):
+    for _, f in round_robin(engine, conversations(2), turns=2):
         assert sum(f["cached_by_tier"].values()) == f["cached_tokens"]
         assert set(f["cached_by_tier"]) == {"resident", "ram", "disk"}
     stop(engine)

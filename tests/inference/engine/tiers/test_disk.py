@@ -5,6 +5,7 @@ import dataclasses
 import errno
 import logging
 import threading
+import time
 
 import numpy as np
 
@@ -153,3 +154,22 @@ def test_entry_files_written_for_another_entry_id_are_removed(tmp_path, layout):
     store = opened(tmp_path, layout)
     assert store.held() == [] and not (directory / "alias.kv").exists()
     store.close()
+
+
+def test_a_runner_started_while_the_last_one_writes_to_disk_takes_its_directory_over(
+    tmp_path, layout
+):
+    stopping = opened(tmp_path, layout)
+    stopping.put("p", "c", list(ids(20)), bytearray(b"w" * 300))
+    stopping.disk.flushing()  # as flush() says at a stop, before it writes
+    starting = opened(tmp_path, layout)
+    assert starting.disk is None  # RAM only, for now
+    stopping.flush(10)
+    stopping.close()
+    deadline = time.monotonic() + 5
+    while starting.disk is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert starting.disk is not None
+    hit = starting.lookup("p", ids(25))
+    assert hit is not None and hit.shared == 20 and hit.entry.on_disk
+    starting.close()
