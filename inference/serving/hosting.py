@@ -27,6 +27,7 @@ def make_supervisor(worker: str = EMBEDDED) -> RunnerSupervisor:
         max_queue=settings.ENGINE_MAX_QUEUE,
         state_dir=settings.DATA_DIR,
         prompt_cache=prompt_cache_config(worker),
+        spare_runner=True,
     )
 
 

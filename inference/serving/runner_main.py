@@ -1,7 +1,7 @@
 """A runner process: one loaded model, its engine, and nothing else. The only kind of process
 that imports llama_cpp (through the runner factory it is told to use).
 
-    python -m inference.serving.runner_main FD
+    python -m inference.serving.runner_main FD [--preload MODULE]
 
 FD is this end of a socket pair its supervisor made (inference.serving.runner_process). The
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
@@ -210,8 +210,14 @@ def kept_prompts(launch: m.Launch, runner):
 
 def main(argv: list[str]) -> None:
     conn = Connection(int(argv[1]))
+    if "--preload" in argv:
+        # A spare runner (RunnerSupervisor): what a load imports first, done before it is
+        # asked for one, so a load started in it skips an interpreter's start and its imports.
+        importlib.import_module(argv[argv.index("--preload") + 1])
     try:
         run(conn)
+    except EOFError:  # a spare let go of without a Launch
+        pass
     finally:
         conn.close()
 

@@ -101,6 +101,45 @@ _WHILE = {
 }  # fmt: skip
 
 
+@dataclass(slots=True)
+class Spawned:
+    """A runner interpreter and the supervisor's end of its connection, before its Launch."""
+
+    process: subprocess.Popen
+    conn: Connection
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def discard(self) -> None:
+        self.conn.close()  # a spare reads EOF instead of a Launch, and exits
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def spawn(preload: str = "") -> Spawned:
+    """A fresh runner interpreter (`python -m inference.serving.runner_main FD`), waiting for its
+    Launch. `preload`: a module it imports meanwhile (a spare runner: SPARE_PRELOAD)."""
+    parent, child = socket.socketpair()
+    env = dict(os.environ)
+    # The project root first: the runner imports the same code as this process.
+    paths = [str(PROJECT_ROOT), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    command = [sys.executable, "-m", "inference.serving.runner_main", str(child.fileno())]
+    try:
+        process = subprocess.Popen(
+            command + (["--preload", preload] if preload else []),
+            pass_fds=(child.fileno(),), env=env, cwd=str(PROJECT_ROOT),
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        child.close()
+    return Spawned(process, Connection(parent.detach()))
+
+
 class _Pending:
     """A submit waiting for the runner's Accepted or Refused."""
 
@@ -162,23 +201,12 @@ class RunnerProcess:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "RunnerProcess":
-        """Start the runner and wait until the model is loaded. Raises RunnerLoadError."""
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        # The project root first: the runner imports the same code as this process.
-        paths = [str(PROJECT_ROOT), env.get("PYTHONPATH")]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "inference.serving.runner_main", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=env, cwd=str(PROJECT_ROOT),
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        finally:
-            child.close()
+    def start(self, spare: "Spawned | None" = None) -> "RunnerProcess":
+        """Start the runner (in `spare`, an interpreter started beforehand, when given and
+        still alive) and wait until the model is loaded. Raises RunnerLoadError."""
+        spawned = spare if spare is not None and spare.alive else spawn()
+        self._proc, self._conn = spawned.process, spawned.conn
         self.pid = self._proc.pid
-        self._conn = Connection(parent.detach())
         self._send(self.launch)
         self._reader = threading.Thread(target=self._read, name=f"runner-{self.name}", daemon=True)
         self._reader.start()

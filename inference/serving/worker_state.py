@@ -153,6 +153,7 @@ class WorkerRuntime:
         for thread in self._threads:
             thread.join(timeout=3)
         self.host.shutdown()
+        self.supervisor.close()
 
     # --- requests --------------------------------------------------------------------------------
 
