@@ -94,6 +94,8 @@ class Runner(Protocol):
     def prepare(self, request: Request) -> None: ...  # set up the request's sampler
     def release(self, request: Request) -> None: ...
     def trim(self, trims: list[KvTrim]) -> None: ...
+    # Whether a sequence's KV lets it go on at `position` (a reused prefix: see runner.py).
+    def continues(self, seq_id: int, position: int) -> bool: ...
     # Warm memory (only with a PromptStore): a sequence's KV state as bytes, and back into an
     # empty sequence (False: refused, the sequence left empty).
     def save(self, seq_id: int) -> bytearray: ...
@@ -560,7 +562,9 @@ class Engine:
     # --- KV edits and warm memory ----------------------------------------------------------
 
     def _apply_kv(self, plan: StepPlan) -> None:
-        """The plan's KV edits, in order: saves into the tiers, trims, restores."""
+        """The plan's KV edits, in order: saves into the tiers, trims, restores; then each
+        request admitted with cached tokens is checked to go on from them (runner.continues:
+        a model with sliding-window layers may have dropped what an old prefix needs)."""
         for op in plan.kv_ops:
             if isinstance(op, KvTrim):
                 self.runner.trim([op])
@@ -568,6 +572,13 @@ class Engine:
                 self._save(op)
             elif isinstance(op, KvRestore):
                 self._restore(op, plan)
+        for request in plan.admitted:
+            if request.cached_tokens and not self.runner.continues(request.seq_id,
+                                                                   request.num_computed):
+                log.info("%s: %d cached tokens cannot be reused here (sliding-window or "
+                         "recurrent layers); reading the prompt", self.name,
+                         request.cached_tokens)  # fmt: skip
+                self._read_cold(request, plan)
 
     def _save(self, op: KvSave) -> None:
         store = self.prompts
@@ -598,12 +609,18 @@ class Engine:
         # its whole prompt from the next step on (its chunk in this one is dropped).
         log.warning("%s: llama.cpp refused kept prompt %s (%d tokens); reading the prompt again",
                     self.name, op.entry.id, op.entry.n_tokens)  # fmt: skip
-        self.runner.trim([KvTrim(op.seq_id, 0)])
         if self.prompts is not None:
             self.prompts.discard(op.entry)
+        self._read_cold(request, plan)
+
+    def _read_cold(self, request: Request, plan: StepPlan) -> None:
+        """Its cached tokens cannot be used: its sequence is emptied and it reads its whole
+        prompt from the next step on (its chunk in this one is dropped). Never a wrong answer."""
+        self.runner.trim([KvTrim(request.seq_id, 0)])
         plan.chunks = [c for c in plan.chunks if c.request is not request]
         request.num_computed = request.cached_tokens = 0
         request.cached_tier = None
+        request.restore_time = 0.0
 
     def _keep_resident(self) -> None:
         """The runner stops: what idle slots hold goes into the tiers (engine thread, before

@@ -130,6 +130,7 @@ class LlamaRunner:
         self.ctx_per_seq = min(config.ctx_per_seq, self.n_ctx)
         self.n_batch = config.n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_swa = int(ll.llama_model_n_swa(self.model))  # 0: no sliding-window layers
         self.threads = threads
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
@@ -272,6 +273,21 @@ class LlamaRunner:
     def trim(self, trims: list[KvTrim]) -> None:
         for trim in trims:
             ll.llama_memory_seq_rm(self.memory, trim.seq_id, trim.start, -1)
+
+    def continues(self, seq_id: int, position: int) -> bool:
+        """Whether sequence `seq_id` can go on at `position` with the KV it holds: its cells end
+        right before it (a recurrent model's state cannot be trimmed back to a prefix), and a
+        model with sliding-window layers still has the window before it (those layers drop
+        older cells as they go, so an old prefix may be gone there; llama-server checks the
+        same, pos_min against n_swa)."""
+        if position == 0:
+            return True
+        if ll.llama_memory_seq_pos_max(self.memory, seq_id) != position - 1:
+            return False
+        if self.n_swa <= 0:
+            return True
+        pos_min = ll.llama_memory_seq_pos_min(self.memory, seq_id)
+        return pos_min == 0 or pos_min < max(0, position - self.n_swa)
 
     @property
     def state_format(self) -> str:

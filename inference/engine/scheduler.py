@@ -49,7 +49,13 @@ from enum import Enum
 
 from inference.engine.admission import FairShare
 from inference.engine.budget import TokenBudget
-from inference.engine.prefix_cache import KvOp, KvRestore, KvTrim, PrefixCache
+from inference.engine.prefix_cache import (
+    MIN_REUSE_FRACTION,
+    KvOp,
+    KvRestore,
+    KvTrim,
+    PrefixCache,
+)
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
 from inference.engine.tiers import Hit, PromptStore, RestoreCosts
@@ -392,7 +398,11 @@ class Scheduler:
             return None
         if request.lookup_ids is None:
             request.lookup_ids = as_tokens(request.prompt_ids)
-        hit = self.tiers.lookup(request.cache_partition, request.lookup_ids, at_least=reused + 1)
+        # As for another conversation's resident slot (prefix_cache.MIN_REUSE_FRACTION): an
+        # entry counts when at least half of it is the prompt's prefix, so a new conversation
+        # never restores a whole entry for the chat template's first tokens.
+        hit = self.tiers.lookup(request.cache_partition, request.lookup_ids, at_least=reused + 1,
+                                min_fraction=MIN_REUSE_FRACTION)  # fmt: skip
         if hit is None:
             return None
         if hit.entry.pending == "read":

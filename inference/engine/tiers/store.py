@@ -112,16 +112,20 @@ class PromptStore:
 
     # --- 2. lookup ---------------------------------------------------------------------------
 
-    def lookup(self, partition: str | None, prompt: np.ndarray, at_least: int = 1) -> Hit | None:
+    def lookup(
+        self, partition: str | None, prompt: np.ndarray, at_least: int = 1,
+        min_fraction: float = 0.0,
+    ) -> Hit | None:  # fmt: skip
         """The entry of `partition` sharing the longest prefix with `prompt` (at least
-        `at_least` tokens); of equal ones, the one in RAM."""
+        `at_least` tokens, and at least `min_fraction` of the entry's); of equal ones, the one
+        in RAM."""
         best: Hit | None = None
         with self._lock:
             for entry in self._entries.values():
                 if entry.partition != partition or entry.dropped:
                     continue
                 shared = shared_prefix(entry.tokens, prompt)
-                if shared < at_least:
+                if shared < at_least or shared < min_fraction * entry.n_tokens:
                     continue
                 if best is None or (shared, entry.in_ram) > (best.shared, best.entry.in_ram):
                     best = Hit(entry, shared)

@@ -139,6 +139,10 @@ class FakeRunner:
 
     state_format = "fake 1"
 
+    def continues(self, seq_id: int, position: int) -> bool:
+        with self._lock:
+            return len(self.kv[seq_id]) == position
+
     def save(self, seq_id: int) -> bytearray:
         """A sequence's KV as bytes: its token ids, tagged so that a wrong state is refused."""
         with self._lock:
