@@ -51,6 +51,7 @@ from inference.engine.prefix_cache import KvRestore, KvSave, KvTrim
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
 from inference.engine.scheduler import Chunk, QueueFull, Scheduler, StepPlan
+from inference.engine.speculation.policy import Speculation
 from inference.engine.telemetry import Telemetry
 from inference.engine.textstream import TextStream
 from inference.engine.tiers import PromptStore, RestoreCosts
@@ -100,9 +101,10 @@ class Runner(Protocol):
     # empty sequence (False: refused, the sequence left empty).
     def save(self, seq_id: int) -> bytearray: ...
     def restore(self, seq_id: int, data: bytearray) -> bool: ...
-    def execute(self, chunks: list[Chunk]) -> list[int]: ...  # a token per sampling chunk
-    # After execute(), for a request whose params ask for logprobs: its sampled token's.
-    def logprobs(self, request: Request, token: int) -> StepLogprobs: ...
+    # The tokens sampled for each chunk that samples: one, or a draft's verified run.
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]: ...
+    # After execute(), for a request whose params ask for logprobs: its index-th sampled token's.
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs: ...
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -121,11 +123,13 @@ class Engine:
         telemetry_window: float = 10.0,
         name: str = "",
         prompts: PromptStore | None = None,
+        speculation: Speculation | None = None,
     ):
         """`itl_target`: how long a step that carries an interactive stream may take (seconds);
         `background_itl_target`: the same for steps whose streams are all background; `reserve`:
         sequence slots kept for a person's first request (None: one from four slots up);
-        `prompts`: the tiers that keep what sequences have read (None: slots only)."""
+        `prompts`: the tiers that keep what sequences have read (None: slots only);
+        `speculation`: drafting and verifying several tokens a step (None: one a step)."""
         self.runner = runner
         self.name = name
         self.itl_target = itl_target
@@ -145,7 +149,9 @@ class Engine:
             reserve=reserve,
             tiers=prompts,
             costs=self.costs,
+            speculation=speculation,
         )
+        self.speculation = speculation
         self.telemetry = Telemetry(window_s=telemetry_window)
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -328,6 +334,8 @@ class Engine:
             else 0.0,
             "streams": self._streams_now(now),
             "prompt_cache": self._prompt_cache_now(),
+            "speculation": self.speculation.reading() if self.speculation is not None
+            else {"enabled": False},
             **self.telemetry.snapshot(now),
             "shares": self._shares_now(now),
         }
@@ -520,6 +528,8 @@ class Engine:
         elif kind == "forget":
             _, partition, everything, future = message
             self.scheduler.forget(partition, everything)
+            if self.speculation is not None:  # what its answers taught the n-gram table too
+                self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
             future.set_result(dropped)
 
@@ -637,6 +647,8 @@ class Engine:
         return max(0.0, read - request.restore_time)
 
     def _admitted(self, request: Request) -> None:
+        if self.speculation is not None:
+            self.speculation.start(request)
         with self._pending_lock:
             self._pending -= 1
         self._deliver(request, PhaseEvent(request.id, "prefilling"))
@@ -664,31 +676,59 @@ class Engine:
         done = min(request.num_computed, request.prompt_len)
         return PrefillEvent(request.id, done, request.prompt_len, request.cached_tokens)
 
-    def _update(self, plan: StepPlan, sampled: list[int], started: float, ended: float):
-        tokens = iter(sampled)
+    def _update(self, plan: StepPlan, sampled: list[list[int]], started: float, ended: float):
+        results = iter(sampled)
         prompt_tokens = output_tokens = decode_tokens = 0
         served: dict[tuple[str | None, str], int] = {}
+        speculation = self.scheduler.speculation
         for chunk in plan.chunks:
             request = chunk.request
             key = (request.share, request.priority)
-            served[key] = served.get(key, 0) + len(chunk.tokens)
+            served[key] = served.get(key, 0) + chunk.size
             request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
                 request.prefill_chunks.append((started, ended, len(chunk.tokens)))
                 self._deliver(request, self._prefill_progress(request))
             else:
-                decode_tokens += len(chunk.tokens)
-            if chunk.sample:
-                output_tokens += 1
-                self._accept_token(request, next(tokens))
+                decode_tokens += chunk.size
+            if not chunk.sample:
+                continue
+            tokens = next(results)
+            output_tokens += len(tokens)
+            if speculation is not None and request.speculation is not None:
+                speculation.came(request, tokens, chunk.draft)
+            if chunk.draft:
+                self._accept_verified(request, chunk, tokens)
+            else:
+                self._accept_token(request, tokens[0])
         self.telemetry.record_step(
             ended, prompt_tokens, output_tokens, len(plan.chunks), ended - started, decode_tokens,
             background_decode=plan.background_decodes, interactive=plan.interactive,
-            paused=len(plan.paused), served=served,
+            paused=len(plan.paused), served=served, verify=plan.draft_tokens,
         )  # fmt: skip
 
-    def _accept_token(self, request: Request, token: int) -> None:
+    def _accept_verified(self, request: Request, chunk: Chunk, tokens: list[int]) -> None:
+        """A speculating stream's tokens from one step (runner.execute): all but the last are
+        drafted tokens it kept, whose KV the step wrote. Each is taken as a token of its own
+        (stop strings, end of generation and max_tokens cut the run exactly where they would
+        without speculation); then the KV past what the sequence holds is removed."""
+        kept = len(tokens) - 1
+        request.drafted += len(chunk.draft)
+        request.draft_accepted += kept
+        first = chunk.start + len(chunk.tokens)  # what the sequence holds before the run
+        for n, token in enumerate(tokens):
+            if request.status.done:
+                break
+            # Before its n-th token the sequence holds the n drafted tokens kept before it
+            # (all but the last output token are in the KV: what a finished turn keeps).
+            request.num_computed = first + n
+            self._accept_token(request, token, index=n)
+        fed = chunk.start + chunk.size
+        if request.num_computed < fed:
+            self.runner.trim([KvTrim(request.seq_id, request.num_computed)])
+
+    def _accept_token(self, request: Request, token: int, index: int = 0) -> None:
         if request.status == Status.PREFILLING:
             request.status = Status.DECODING
             self._deliver(request, PhaseEvent(request.id, "decoding"))
@@ -705,7 +745,8 @@ class Engine:
         times.append(sent)
         if text:
             self._text_sent(request, sent)
-        logprobs = None if request.params.logprobs is None else self.runner.logprobs(request, token)
+        logprobs = (None if request.params.logprobs is None
+                    else self.runner.logprobs(request, token, index))  # fmt: skip
         self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1,
                                           logprobs=logprobs))  # fmt: skip
         if stream.stopped:
@@ -730,6 +771,8 @@ class Engine:
             with self._pending_lock:
                 self._pending -= 1
         self.runner.release(request)
+        if self.speculation is not None:
+            self.speculation.finished(request)  # its partition's table learns its answer
         figures = request.figures()
         self.telemetry.record_outcome(reason, figures["total_time"], request.cached_tokens)
         with self._pending_lock:

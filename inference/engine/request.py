@@ -54,6 +54,9 @@ class Request:
     fetching: bool = False  # waiting now for its kept prefix to come from disk
     fetched: bool = False  # it waited for one: its cached tokens come from the disk tier
     lookup_ids: object = None  # the prompt as the tiers compare it (numpy), made once
+    speculation: object = None  # its speculation.policy.Stream while it decodes
+    drafted: int = 0  # draft tokens verified for it (llama-server's draft_n)
+    draft_accepted: int = 0  # of those, kept (draft_n_accepted)
     # Tokens whose KV is in the context: the prompt (cached part included), then fed-back outputs.
     num_computed: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -170,6 +173,8 @@ class Request:
             "cached_tokens": self.cached_tokens,
             "cached_by_tier": self.cached_by_tier,
             "restore_time": self.restore_time,
+            "drafted": self.drafted,
+            "draft_accepted": self.draft_accepted,
             "output_tokens": len(self.output_ids),
             "prefill_time": self.prefill_time,
             "prompt_tps": self.prompt_tps,

@@ -134,7 +134,7 @@ class LlamaRunner:
         self.threads = threads
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
-        self._sampled: dict[str, int] = {}  # the last step's sampled rows, by request id
+        self._sampled: dict[str, list[int]] = {}  # the last step's sampled rows, by request id
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._closed = False
@@ -321,15 +321,22 @@ class LlamaRunner:
             return False
         return True
 
-    def execute(self, chunks: list[Chunk]) -> list[int]:
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]:
+        """Run one step; for each chunk that samples, in the plan's order, the tokens sampled:
+        one, or for a chunk with a draft (speculation), the model's own tokens at each drafted
+        position as long as they agree with the draft, then the one where they first differ
+        (or, all kept, the one after the last): each from its position's logits through the
+        request's sampler chain, which accepts only the tokens kept (a grammar advances
+        through those alone). The KV then holds every drafted token: the engine trims what
+        was not kept."""
         batch = self._batch
         token, pos, n_seq, seq, logits = (
             batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)  # fmt: skip
-        total = sum(len(chunk.tokens) for chunk in chunks)
+        total = sum(chunk.size for chunk in chunks)
         if total > self.n_batch:  # checked before writing: the batch holds n_batch tokens
             raise ValueError(f"a step of {total} tokens exceeds n_batch {self.n_batch}")
         i = 0
-        wanted: dict[int, tuple[str, int]] = {}  # chunk index -> (request id, batch index)
+        wanted: dict[int, tuple[str, int, list[int]]] = {}  # chunk -> (id, first row, draft)
         # Written in sequence-id order: with one KV stream per sequence, llama.cpp splits a
         # batch into ubatches that each take one run of consecutive, increasing sequence ids
         # in batch order (llama_batch_allocr::split_equal), and each ubatch is a graph pass of
@@ -340,7 +347,7 @@ class LlamaRunner:
             chunk = chunks[n]
             seq_id = chunk.request.seq_id
             position = chunk.start
-            for tok in chunk.tokens:
+            for tok in (*chunk.tokens, *chunk.draft):
                 token[i] = tok
                 pos[i] = position
                 n_seq[i] = 1
@@ -349,19 +356,34 @@ class LlamaRunner:
                 position += 1
                 i += 1
             if chunk.sample:
-                logits[i - 1] = 1
-                wanted[n] = (chunk.request.id, i - 1)
+                first = i - 1 - len(chunk.draft)  # the last token of `tokens`
+                for row in range(first, i):
+                    logits[row] = 1
+                wanted[n] = (chunk.request.id, first, chunk.draft)
         batch.n_tokens = i
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
-        self._sampled = dict(wanted.values())
         sample = ll.llama_sampler_sample
-        return [sample(self._samplers[rid], self.ctx, index)  # in the plan's order
-                for rid, index in (wanted[n] for n in sorted(wanted))]  # fmt: skip
+        self._sampled = {}
+        results = []
+        for n in sorted(wanted):  # in the plan's order
+            rid, row, draft = wanted[n]
+            chain = self._samplers[rid]
+            rows, tokens = [], []
+            for guess in (*draft, None):
+                tokens.append(sample(chain, self.ctx, row))
+                rows.append(row)
+                if tokens[-1] != guess:
+                    break
+                row += 1
+            self._sampled[rid] = rows
+            results.append(tokens)
+        return results
 
-    def logprobs(self, request: Request, token: int) -> StepLogprobs:
-        """`token`'s log-probability at the step execute() just ran for `request`, and the
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs:
+        """`token`'s log-probability at the step execute() just ran for `request` (the
+        `index`th token it sampled in that step: speculation samples several), and the
         `request.params.logprobs` likeliest tokens there. Only between that execute() and the
         next: it reads the step's logits, which the next llama_decode overwrites; a request
         that asks for none never gets here, so it costs nothing.
@@ -370,7 +392,7 @@ class LlamaRunner:
         temperature (1 for greedy), normalised over the whole vocabulary (a log-softmax in
         float64), as Ollama reports it. Penalties, a grammar's mask and the top-k/top-p/min-p
         cuts are left out: they say what may be drawn, not how likely the model found it."""
-        row = self._sampled[request.id]
+        row = self._sampled[request.id][index]
         pointer = ll.llama_get_logits_ith(self.ctx, row)
         if not pointer:
             raise RuntimeError("llama.cpp kept no logits for this step")

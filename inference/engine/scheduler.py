@@ -58,6 +58,7 @@ from inference.engine.prefix_cache import (
 )
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
+from inference.engine.speculation.policy import Speculation
 from inference.engine.tiers import Hit, PromptStore, RestoreCosts
 from inference.engine.tiers.entries import as_tokens
 
@@ -74,6 +75,13 @@ class Chunk:
     tokens: list[int]
     start: int  # the sequence position of tokens[0]
     sample: bool
+    # Speculation (a decode only): tokens guessed to follow, fed after `tokens` with logits at
+    # each; the runner keeps those the model samples itself, in order (speculation/).
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) + len(self.draft)
 
 
 @dataclass(slots=True)
@@ -90,7 +98,11 @@ class StepPlan:
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.chunks)
+        return sum(c.size for c in self.chunks)
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(len(c.draft) for c in self.chunks)
 
     @property
     def kv_trims(self) -> list[KvTrim]:
@@ -125,6 +137,7 @@ class Scheduler:
         fair_share: FairShare | None = None,
         tiers: PromptStore | None = None,
         costs: RestoreCosts | None = None,
+        speculation: Speculation | None = None,
     ):
         self.n_ctx = n_ctx
         self.ctx_per_seq = min(ctx_per_seq, n_ctx)
@@ -133,6 +146,7 @@ class Scheduler:
         warm = prefix_cache and tiers is not None and tiers.enabled
         self.tiers = tiers if warm else None
         self.costs = costs or RestoreCosts()
+        self.speculation = speculation
         self.cache = PrefixCache(n_slots, enabled=prefix_cache, keeps_dropped=warm)
         # Slots kept for a person's first request (step 4): one from four slots up, so a small
         # context keeps all its slots for work; never every slot.
@@ -245,11 +259,16 @@ class Scheduler:
                 room = min(room, self._room(plan, guard=False))
             room = self._take_turns(sorted(claims), plan, room, now)
 
+        # 5. Drafts: a decoding stream whose text is predictable feeds guesses at what follows,
+        # verified in this same step, as far as they pay and the step's budget allows.
+        if self.speculation is not None and plan.decodes:
+            self._draft(plan)
+
         # Charge each share what it was served; mark who priority left out.
         served = {id(c.request) for c in plan.chunks}
         for chunk in plan.chunks:
             chunk.request.scheduled_at = now
-            self.fair.charge(chunk.request.share, len(chunk.tokens), now)
+            self.fair.charge(chunk.request.share, chunk.size, now)
         carries_interactive = any(is_interactive(c.request) for c in plan.chunks)
         for request in self.running:
             request.paused = carries_interactive and id(request) not in served and (
@@ -258,6 +277,25 @@ class Scheduler:
                 plan.paused.append(request)
         self.fair.forget(now)
         return plan
+
+    def _draft(self, plan: StepPlan) -> None:
+        """Step 5: each decode chunk's draft, as speculation.policy allocates them."""
+        offers = []
+        for chunk in plan.chunks[: plan.decodes]:
+            request = chunk.request
+            room = min(request.max_new_tokens - len(request.output_ids),
+                       self.ctx_per_seq - request.num_computed - 2)  # fmt: skip
+            offered = self.speculation.proposal(request, min(room, self.speculation.max_draft))
+            if offered:
+                offers.append((chunk, offered))
+        if not offers:
+            return
+        limit = self.budget.target(plan.interactive) * self.budget.safety - plan.restore_s
+        given = self.speculation.allocate([(c.request, d) for c, d in offers],
+                                          self.budget.times.predict, plan.n_tokens,
+                                          plan.decodes, limit)  # fmt: skip
+        for n, (chunk, offered) in enumerate(offers):
+            chunk.draft = offered[: given[n]]
 
     def _decodes(self, decoding: list[Request], interactive: bool, now: float) -> list[Request]:
         """Step 1: every decoding sequence, unless background decodes would push a step that

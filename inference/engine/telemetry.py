@@ -104,15 +104,16 @@ class Telemetry:
         interactive: bool = False,
         paused: int = 0,
         served: dict | None = None,
+        verify: int = 0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
-        tokens ran (`background_decode` of them background streams'), `output` tokens were
-        sampled (decodes and prompts that completed); `served`: tokens per (share, priority)."""
+        tokens ran (`background_decode` of them background streams', `verify` of them drafted
+        tokens being verified), `output` tokens were sampled (decodes, kept drafts and prompts
+        that completed); `served`: tokens per (share, priority)."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
-            self._recent_steps.append(
-                (now, decode, prompt, seconds, seqs, background_decode, interactive, paused)
-            )
+            self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
+                                       interactive, paused, verify, output))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -237,5 +238,7 @@ class Telemetry:
                 "background": [s[5] for s in recent],  # decode tokens of background streams
                 "interactive": [s[6] for s in recent],
                 "paused": [s[7] for s in recent],
+                "verify": [s[8] for s in recent],  # drafted tokens verified (speculation)
+                "output": [s[9] for s in recent],
             },
         }

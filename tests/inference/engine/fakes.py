@@ -164,13 +164,13 @@ class FakeRunner:
             self.restores.append((seq_id, len(tokens)))
             return True
 
-    def execute(self, chunks: list[Chunk]) -> list[int]:
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]:
         self.executing.set()
         try:
             if self.gate is not None:
                 self.gate.wait(10)
             started = time.perf_counter()
-            n_tokens = sum(len(c.tokens) for c in chunks)
+            n_tokens = sum(c.size for c in chunks)
             if self.overhead or self.per_token:
                 time.sleep(self.overhead + self.per_token * n_tokens)
             for chunk in chunks:
@@ -183,7 +183,7 @@ class FakeRunner:
         finally:
             self.executing.clear()
 
-    def _run(self, chunks: list[Chunk], n_tokens: int) -> list[int]:
+    def _run(self, chunks: list[Chunk], n_tokens: int) -> list[list[int]]:
         if n_tokens > self.n_batch:
             self._violation(f"a step of {n_tokens} tokens exceeds n_batch {self.n_batch}")
         seqs = [c.request.seq_id for c in chunks]
@@ -200,22 +200,32 @@ class FakeRunner:
                     f"holds {len(kv)} tokens"
                 )
             kv.extend(chunk.tokens)
+            known = list(kv)  # what the model has read when it samples the first token
+            kv.extend(chunk.draft)
             if len(kv) > self.ctx_per_seq:
                 self._violation(f"seq {request.seq_id} holds {len(kv)} > {self.ctx_per_seq}")
-            record.append(
-                (request.id, request.seq_id, chunk.start, len(chunk.tokens), chunk.sample)
-            )
+            record.append((request.id, request.seq_id, chunk.start, chunk.size, chunk.sample))
             if chunk.sample:
+                # As the runner verifies a draft: the model's token at each drafted position
+                # while it agrees, then the first that differs (or the one after them all).
                 script = self.scripts.get(request.id)
                 index = len(request.output_ids)
-                sampled.append(script[index] if script and index < len(script) else next_token(kv))
+                tokens = []
+                for guess in (*chunk.draft, None):
+                    at = index + len(tokens)
+                    tokens.append(script[at] if script and at < len(script)
+                                  else next_token(known))  # fmt: skip
+                    if tokens[-1] != guess:
+                        break
+                    known.append(guess)
+                sampled.append(tokens)
         used = sum(len(kv) for kv in self.kv.values())
         if used > self.n_ctx:
             self._violation(f"{used} KV cells used > n_ctx {self.n_ctx}")
         self.steps.append(record)
         return sampled
 
-    def logprobs(self, request: Request, token: int) -> StepLogprobs:
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs:
         """The fake model's distribution: the sampled token at 1/2, the next ids at 1/4, 1/8..."""
         self.logprobs_asked.append(request.id)
 
