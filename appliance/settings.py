@@ -210,6 +210,13 @@ DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
 # memory off (prompts stay in their sequence slots only); disk 0 keeps them in RAM only.
 PROMPT_CACHE_RAM = envsize("PROMPT_CACHE_RAM")
 PROMPT_CACHE_DISK = envsize("PROMPT_CACHE_DISK")
+# Speculative decoding (inference.engine.speculation): "auto" drafts where it pays, by measured
+# acceptance and step cost (never on free prose on a CPU); "always" wherever a draft exists
+# (benchmarks); "off". A model's own setting can turn it off for that model.
+SPECULATIVE_DECODING = envstr("SPECULATIVE_DECODING", "auto").strip().lower()
+if SPECULATIVE_DECODING not in ("off", "auto", "always"):
+    raise ConfigError(f"SPECULATIVE_DECODING must be off, auto or always, got "
+                      f"{SPECULATIVE_DECODING!r}")  # fmt: skip
 # A restart loads the models that were loaded at the stop again, in the background.
 RELOAD_MODELS_AT_START = envbool("RELOAD_MODELS_AT_START", True)
 REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)

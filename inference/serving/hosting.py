@@ -28,6 +28,7 @@ def make_supervisor(worker: str = EMBEDDED) -> RunnerSupervisor:
         state_dir=settings.DATA_DIR,
         prompt_cache=prompt_cache_config(worker),
         spare_runner=True,
+        speculative=settings.SPECULATIVE_DECODING,
     )
 
 

@@ -37,6 +37,7 @@ class Launch:
     log_level: str = "INFO"
     background_itl_target: float = 1.0  # the loose step target of background streams
     prompt_cache: PromptCacheConfig | None = None  # warm memory (None: slots only)
+    speculative: str = "auto"  # the box's SPECULATIVE_DECODING: off, auto or always
 
 
 @dataclass(slots=True, frozen=True)

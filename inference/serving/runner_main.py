@@ -34,6 +34,7 @@ import time
 from multiprocessing.connection import Connection
 
 from inference.engine import Engine, Refused
+from inference.engine.speculation.policy import Speculation
 from inference.engine.tiers.config import open_store
 from inference.serving import messages as m
 
@@ -176,7 +177,7 @@ def run(conn: Connection) -> None:
         engine = Engine(
             runner, itl_target=launch.itl_target, max_queue=launch.max_queue,
             background_itl_target=launch.background_itl_target, name=launch.name,
-            prompts=kept_prompts(launch, runner),
+            prompts=kept_prompts(launch, runner), speculation=speculation(launch),
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead
@@ -194,6 +195,14 @@ def run(conn: Connection) -> None:
             written = engine.persist_prompts(launch.prompt_cache.flush_s)
             if written:
                 log.info("%s: %d kept prompts written to disk", launch.name, written)
+
+
+def speculation(launch: m.Launch) -> Speculation:
+    """The box's mode (SPECULATIVE_DECODING), turned off where the model's setting says so."""
+    mode = launch.speculative
+    if getattr(launch.config, "speculative", "auto") == "off":
+        mode = "off"
+    return Speculation(mode)
 
 
 def kept_prompts(launch: m.Launch, runner):

@@ -163,6 +163,7 @@ class RunnerProcess:
         load_timeout: float = LOAD_TIMEOUT_S,
         log_level: str | None = None,
         prompt_cache: PromptCacheConfig | None = None,
+        speculative: str = "auto",
     ):
         self.name = name
         self.config = config
@@ -170,6 +171,7 @@ class RunnerProcess:
             name, config, runner_factory, itl_target, max_queue,
             log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()),
             background_itl_target=background_itl_target, prompt_cache=prompt_cache,
+            speculative=speculative,
         )  # fmt: skip
         self.load_timeout = load_timeout
         self.on_exit: Callable[[RunnerProcess, RunnerExit], None] | None = None

@@ -100,11 +100,13 @@ class RunnerSupervisor:
         max_backoff_s: float = MAX_BACKOFF_S,
         prompt_cache: PromptCacheConfig | None = None,
         spare_runner: bool = False,
+        speculative: str = "auto",
     ):
         """`prompt_cache`: the warm memory every runner gets (its model's digest filled in per
         launch); None: runners keep prompts in their slots only. `spare_runner`: keep a runner
         interpreter started after each load (4. above)."""
         self.prompt_cache = prompt_cache
+        self.speculative = speculative  # SPECULATIVE_DECODING, for every runner
         self.spare_runner = spare_runner and runner_factory == DEFAULT_RUNNER_FACTORY
         self._spare: Spawned | None = None
         self._closed = False
@@ -163,6 +165,7 @@ class RunnerSupervisor:
                 spec.name, config, itl_target=self.itl_target,
                 background_itl_target=self.background_itl_target, max_queue=self.max_queue,
                 runner_factory=self.runner_factory, prompt_cache=prompt_cache,
+                speculative=self.speculative,
             ).start(spare)  # fmt: skip
         finally:
             self._spare_later()
