@@ -79,6 +79,7 @@ class StepCostModel:
 class _Bucket:
     steps: deque  # its last (tokens, seconds)
     last_seen: int = 0  # the observation count when it was last measured
+    calibrated: bool = False  # seeded by the runner's calibration: never set aside
 
     def centroid(self) -> tuple[float, float]:
         """(mean size, the median seconds per token times that size)."""
@@ -116,9 +117,19 @@ class StepTimes:
         bucket.steps.append((tokens, seconds))
         bucket.last_seen = self._seen
 
+    def calibrate(self, tokens: int, seconds: float) -> None:
+        """A step timed at load (runner.calibrate): measured as any step, and its size stays
+        on the curve however long no step of it runs (speculation weighs sizes that plain
+        decoding never reaches)."""
+        self.observe(tokens, seconds)
+        bucket = self._buckets.get(tokens.bit_length() - 1)
+        if bucket is not None:
+            bucket.calibrated = True
+
     def curve(self) -> list[tuple[float, float]]:
         fresh = self._seen - self.stale_after
-        return [b.centroid() for _, b in sorted(self._buckets.items()) if b.last_seen > fresh]
+        return [b.centroid() for _, b in sorted(self._buckets.items())
+                if b.last_seen > fresh or b.calibrated]  # fmt: skip
 
     def predict(self, tokens: int) -> float:
         """A step's seconds at this size: on the measured curve, else by the linear fit."""

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import threading
+import time
 
 import llama_cpp as ll
 import numpy as np
@@ -54,6 +55,7 @@ DECODE_ERRORS = {
 
 
 EMBED_MAX_TOKENS = 2048  # per input (see embed_limit)
+CALIBRATE_S = 0.1  # at most about this long timing steps by size at load (calibrate)
 # Inputs per llama_decode of the embedding context. Measured on the starter model (CPU): with
 # several inputs in one decode, an input's vector moved by up to 0.4 % (0.15 in a component of a
 # vector of length 37) against the same input alone, once a decode held more than ~32 tokens:
@@ -432,6 +434,54 @@ class LlamaRunner:
             if rc != 0:
                 raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
         ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
+
+    def calibrate(self, budget_s: float = CALIBRATE_S) -> list[tuple[int, float]]:
+        """Time steps of 1, 2, 4, ... tokens of one sequence with logits at every position (a
+        stream's decode with a draft being verified), on sequence 0 before anyone uses it, for
+        at most about `budget_s`; returns (tokens, seconds) for the engine's step costs. Their
+        cost by size is what speculation weighs, and is not a line: on a 2-core CPU two tokens
+        cost twice one, sixteen 6.6 times (measured with the starter model)."""
+        text = "The household server keeps the photos and answers the kitchen tablet. " * 8
+        ids = self.tokenize(text)
+        depth = min(16, self.ctx_per_seq // 4, len(ids))
+        batch = self._batch
+        timings: list[tuple[int, float]] = []
+        spent, n = 0.0, 1
+        try:
+            self._fill(ids[:depth], 0, all_logits=False)  # some context to attend to
+            last = 0.0
+            # Doubling sizes while the next (about twice the last) fits the budget: the small
+            # sizes, where the curve bends; larger ones are measured by prompts read later.
+            while n + depth < min(self.n_batch, self.ctx_per_seq) and spent + 2 * last < budget_s:
+                self._fill([ids[i % len(ids)] for i in range(n)], depth, all_logits=True)
+                started = time.perf_counter()
+                rc = ll.llama_decode(self.ctx, batch)
+                seconds = time.perf_counter() - started
+                ll.llama_memory_seq_rm(self.memory, 0, depth, -1)
+                if rc != 0:
+                    break
+                timings.append((n, seconds))
+                spent, last = spent + seconds, seconds
+                n *= 2
+        finally:
+            ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
+        return timings
+
+    def _fill(self, ids: list[int], start: int, *, all_logits: bool) -> None:
+        """Write ids into the batch as sequence 0 at `start` (and decode them when they are a
+        context: all_logits False)."""
+        batch = self._batch
+        for i, tok in enumerate(ids):
+            batch.token[i] = tok
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = all_logits or i == len(ids) - 1
+        batch.n_tokens = len(ids)
+        if not all_logits:
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
 
     # --- embeddings --------------------------------------------------------------------------
 

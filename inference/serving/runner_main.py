@@ -64,10 +64,15 @@ def load_runner(launch: m.Launch):
 
 def warm_up(engine: Engine) -> None:
     """The runner's warm-up decode, if it has one, on the engine's own thread (where every
-    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it)."""
+    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it); then,
+    with speculation on, its calibration: the cost of steps by size (runner.calibrate)."""
     warm = getattr(engine.runner, "warm_up", None)
     if warm is not None:
         engine.on_engine_thread(warm).result()
+    calibrate = getattr(engine.runner, "calibrate", None)
+    if calibrate is not None and engine.speculation is not None and engine.speculation.enabled:
+        for tokens, seconds in engine.on_engine_thread(calibrate).result():
+            engine.budget.times.calibrate(tokens, seconds)
 
 
 def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:

@@ -8,14 +8,14 @@
    "shadow" draft costs a lookup, nothing in the step), so a stream whose text becomes
    predictable (an answer that starts quoting) starts speculating, and prose never pays to
    find out that it is not.
-3. Allocation. Draft tokens are given out one at a time, each to the stream whose next drafted
-   token is likeliest to be kept, while the step's expected tokens per second rise by more than
-   MARGIN (the step's time read off the measured cost of a step by size, budget.StepTimes) and
-   the step stays inside its budget (the ITL target while a person reads a stream). With k
-   drafts kept with chance a each in turn, a stream expects 1 + a + a^2 + ... + a^k tokens for
-   its 1 + k tokens of step. On a 2-core CPU a token of step costs nearly what a step of one
-   token does, so free prose gets no drafts; where a step costs little more for a few tokens
-   more (a GPU, a model bound by memory), predictable text gets several.
+3. Allocation. Each stream's draft length is the one that gives the step the most expected
+   tokens per second (the step's time read off the measured cost of a step by size,
+   budget.StepTimes, calibrated at load: runner.calibrate) while the step stays inside its
+   budget (the ITL target while a person reads a stream). With k drafts kept with chance a each
+   in turn, a stream expects 1 + a + a^2 + ... + a^k tokens for its 1 + k tokens of step. On
+   the 2-core CPU measured, a step of 16 tokens costs 6.6 times one of one token: copied text
+   (a near 1) gets long drafts, free prose none; where a step costs little more for many tokens
+   (a GPU, a model bound by memory), predictable text gets long drafts sooner.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from inference.engine.speculation.lookup import TokenHistory, draft
 from inference.engine.speculation.table import NgramTable
 
-MAX_DRAFT = 8  # tokens drafted for one stream in one step, at most
+MAX_DRAFT = 32  # tokens drafted for one stream in one step, at most
 PRIOR = 0.3  # a stream's acceptance before it has shown any
 SMOOTHING = 0.2  # weight of the newest observation in a stream's acceptance
 MARGIN = 0.05  # a draft token must raise the step's expected tokens per second by this much
@@ -119,28 +119,39 @@ class Speculation:
         """How many of its offered draft tokens each stream feeds (by index into `offers`):
         `predict(n)` is a step's seconds at n tokens, `step_tokens` the step's tokens without
         drafts, `decodes` its decoding streams (one token each, at least), `limit_s` the most
-        the step may take. Streams offered nothing remember a shadow draft (2.)."""
+        the step may take. Streams offered nothing remember a shadow draft (2.).
+
+        A step's cost by size is not convex on a CPU (one sequence: 2 tokens cost twice one,
+        8 tokens four times, 16 tokens 6.6 times), so each stream's draft length is chosen
+        among all its lengths, not grown a token at a time: the one that gives the step the
+        most expected tokens per second, given the others' (two passes over the streams, the
+        likeliest first); a length is taken only when it beats none by MARGIN."""
         given = dict.fromkeys(range(len(offers)), 0)
         if not self.enabled:
             return given
         for request, offered in offers:
             request.speculation.shadow = offered[:SHADOW]
-        seconds = max(predict(step_tokens), 1e-6)
-        expected = float(decodes)
-        tokens = step_tokens
-        while True:
-            open_ = [(request.speculation.acceptance ** (given[n] + 1), -n)
-                     for n, (request, offered) in enumerate(offers) if given[n] < len(offered)]
-            if not open_:
-                break
-            gain, best = max(open_)
-            best = -best
-            longer = max(predict(tokens + 1), 1e-6)
-            pays = (expected + gain) / longer > (1 + MARGIN) * expected / seconds
-            if longer > limit_s or not (pays or self.mode == "always"):
-                break
-            given[best] += 1
-            tokens, seconds, expected = tokens + 1, longer, expected + gain
+
+        def expected(n: int, k: int) -> float:
+            a = offers[n][0].speculation.acceptance
+            return sum(a**i for i in range(1, k + 1))
+
+        order = sorted(range(len(offers)), key=lambda n: -offers[n][0].speculation.acceptance)
+        for _ in range(2):
+            for n in order:
+                others_k = sum(given.values()) - given[n]
+                others_e = sum(expected(m, given[m]) for m in given if m != n)
+                base_s = max(predict(step_tokens + others_k), 1e-6)
+                base = (decodes + others_e) / base_s
+                best_k, best = 0, base
+                for k in range(1, len(offers[n][1]) + 1):
+                    seconds = max(predict(step_tokens + others_k + k), 1e-6)
+                    if seconds > limit_s:
+                        break
+                    rate = (decodes + others_e + expected(n, k)) / seconds
+                    if self.mode == "always" or (rate > best and rate > (1 + MARGIN) * base):
+                        best_k, best = k, rate
+                given[n] = best_k
         for n, (request, _) in enumerate(offers):
             if given[n]:
                 request.speculation.shadow = []
