@@ -63,6 +63,7 @@ class Speculation:
         self.max_draft = max_draft
         self.drafted = 0  # totals since load, as llama-server's draft_n and draft_n_accepted
         self.accepted = 0
+        self.drafts = 0  # verifications that carried a draft (spec_decode_num_drafts)
         self.verify_tokens = 0  # draft tokens fed in steps
 
     # --- a stream's life ---------------------------------------------------------------------
@@ -95,6 +96,7 @@ class Speculation:
             stream.accepted += kept
             self.drafted += len(draft)
             self.accepted += kept
+            self.drafts += 1
             self.verify_tokens += len(draft)
         elif stream.shadow:
             kept = _kept(stream.shadow, tokens)
@@ -162,7 +164,7 @@ class Speculation:
 
     def reading(self) -> dict:
         return {"enabled": self.enabled, "mode": self.mode, "drafted": self.drafted,
-                "accepted": self.accepted,
+                "accepted": self.accepted, "drafts": self.drafts,
                 "verify_tokens": self.verify_tokens,
                 "acceptance": self.accepted / self.drafted if self.drafted else None,
                 "table_contexts": self.table.contexts}  # fmt: skip
