@@ -40,6 +40,29 @@ def envfloat(
     return value
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def envsize(name: str, *, hi: int = 1 << 50) -> int | None:
+    """A size in bytes: a number with an optional K, M, G or T (binary: 1G is 1024^3; "GiB" and
+    "GB" read the same), or "auto" (the default), returned as None."""
+    raw = (os.environ.get(name) or "auto").strip().lower()
+    if raw == "auto":
+        return None
+    number = raw.removesuffix("ib").removesuffix("b")
+    unit = number[-1:] if number[-1:] in _SIZE_UNITS and number[-1:] else ""
+    digits = number[: len(number) - len(unit)].strip()
+    try:
+        value = int(float(digits) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be a size such as 512M, 4G or 0, or auto; got {raw!r}"
+        ) from None
+    if not 0 <= value <= hi:
+        raise ConfigError(f"{name} must be between 0 and {hi} bytes, got {value}")
+    return value
+
+
 def envbool(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw == "":

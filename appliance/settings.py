@@ -12,7 +12,16 @@ from pathlib import Path
 
 import dj_database_url
 
-from appliance.env import ConfigError, envbool, envfloat, envint, envlist, envstr, envurl
+from appliance.env import (
+    ConfigError,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    envsize,
+    envstr,
+    envurl,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -195,6 +204,21 @@ ENGINE_MAX_QUEUE = envint("ENGINE_MAX_QUEUE", 64, lo=1, hi=10_000)
 ENGINE_THREADS = envint("ENGINE_THREADS", 0, lo=0, hi=512)  # 0: the model's setting or all cores
 MAX_LOADED_MODELS = envint("MAX_LOADED_MODELS", 1, lo=1, hi=64)
 DEFAULT_KEEP_ALIVE = envstr("DEFAULT_KEEP_ALIVE", "5m")
+# Warm memory (inference.engine.tiers): the box's bounds for kept prompts, in host RAM and on
+# disk under DATA_DIR/kv-cache. None ("auto"): sized at start from the machine (a quarter of the
+# available RAM, at most 8 GiB; a quarter of the free disk, at most 64 GiB). RAM 0 turns warm
+# memory off (prompts stay in their sequence slots only); disk 0 keeps them in RAM only.
+PROMPT_CACHE_RAM = envsize("PROMPT_CACHE_RAM")
+PROMPT_CACHE_DISK = envsize("PROMPT_CACHE_DISK")
+# Speculative decoding (inference.engine.speculation): "auto" drafts where it pays, by measured
+# acceptance and step cost (never on free prose on a CPU); "always" wherever a draft exists
+# (benchmarks); "off". A model's own setting can turn it off for that model.
+SPECULATIVE_DECODING = envstr("SPECULATIVE_DECODING", "auto").strip().lower()
+if SPECULATIVE_DECODING not in ("off", "auto", "always"):
+    raise ConfigError(f"SPECULATIVE_DECODING must be off, auto or always, got "
+                      f"{SPECULATIVE_DECODING!r}")  # fmt: skip
+# A restart loads the models that were loaded at the stop again, in the background.
+RELOAD_MODELS_AT_START = envbool("RELOAD_MODELS_AT_START", True)
 REQUEST_RETENTION_DAYS = envint("REQUEST_RETENTION_DAYS", 30, lo=1, hi=3650)
 # Downloads may reach private LAN addresses (10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10);
 # false leaves them only public ones. Loopback, link-local and the appliance's own Redis and

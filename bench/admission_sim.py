@@ -81,7 +81,7 @@ def simulate(*, fair: bool, reserve: int, app_priority: str, horizon: float, see
         if not plan.chunks:
             now += 0.01
             continue
-        sampled = iter(fake.execute(plan.chunks))
+        sampled = iter(tokens[0] for tokens in fake.execute(plan.chunks))
         seconds = step_seconds(plan.n_tokens)
         budget.observe(plan.n_tokens, seconds)
         now += seconds

@@ -146,9 +146,11 @@ class LlamaServer(Server):
 
     name = "llama-server"
 
-    def __init__(self, binary: str, model: str, threads: int, parallel: int, ctx_per_seq: int):
+    def __init__(self, binary: str, model: str, threads: int, parallel: int, ctx_per_seq: int,
+                 extra: tuple[str, ...] = ()):  # fmt: skip
         self.binary, self.model, self.threads = binary, model, threads
         self.parallel, self.ctx_per_seq = parallel, ctx_per_seq
+        self.extra = extra  # more of its options (e.g. --spec-type ngram-mod)
         self.logs = tempfile.TemporaryDirectory(prefix="bench-llama-server-")
 
     def setup(self) -> None:
@@ -161,7 +163,7 @@ class LlamaServer(Server):
             self.process = subprocess.Popen(
                 [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(port),
                  "-t", str(self.threads), "-tb", str(self.threads), "-np", str(self.parallel),
-                 "-c", str(self.ctx_per_seq * self.parallel), "--no-webui"],
+                 "-c", str(self.ctx_per_seq * self.parallel), "--no-webui", *self.extra],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )  # fmt: skip

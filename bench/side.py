@@ -27,6 +27,8 @@ SIDES = {
     "ipc_engine": "bench.engine_side:side_ipc_engine",
     "ipc_runner": "bench.runner_side:side_ipc_runner",
     "second_model": "bench.runner_side:side_second_model",
+    "warm_restore": "bench.warm_side:side_warm_restore",
+    "warm_load": "bench.warm_side:side_warm_load",
 }
 
 

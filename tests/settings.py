@@ -6,6 +6,8 @@ import tempfile
 os.environ.setdefault("APPLIANCE_DATA_DIR", tempfile.mkdtemp(prefix="appliance-test-"))
 os.environ.setdefault("ADMIN_PASSWORD", "test-admin-password")
 os.environ.pop("REDIS_URL", None)  # embedded mode unless a test builds split mode itself
+# Servers and workers the tests start load nothing by themselves; the test of a restart says so.
+os.environ.setdefault("RELOAD_MODELS_AT_START", "false")
 
 from appliance.settings import *  # noqa: E402,F403
 

@@ -18,7 +18,11 @@
    token per decoding sequence plus `min_chunk`, never more than n_batch.
 4. The starvation guard: when even the decodes alone overrun the target (an overloaded box, a
    model too big for it), the prompt shares the step instead of being read `min_chunk` tokens at
-   a time (see `tokens()`).
+   a time (see `tokens()`). Work that may wait (a background prompt beside a person's stream)
+   is left out of it: it gets only what fits the target, so the guard never stretches a step
+   a person reads for an app's sake.
+5. Seconds a step spends besides its tokens (restoring kept prompts, inference.engine.tiers)
+   come off the target before the tokens are counted.
 """
 
 import statistics
@@ -75,6 +79,7 @@ class StepCostModel:
 class _Bucket:
     steps: deque  # its last (tokens, seconds)
     last_seen: int = 0  # the observation count when it was last measured
+    calibrated: bool = False  # seeded by the runner's calibration: never set aside
 
     def centroid(self) -> tuple[float, float]:
         """(mean size, the median seconds per token times that size)."""
@@ -112,9 +117,19 @@ class StepTimes:
         bucket.steps.append((tokens, seconds))
         bucket.last_seen = self._seen
 
+    def calibrate(self, tokens: int, seconds: float) -> None:
+        """A step timed at load (runner.calibrate): measured as any step, and its size stays
+        on the curve however long no step of it runs (speculation weighs sizes that plain
+        decoding never reaches)."""
+        self.observe(tokens, seconds)
+        bucket = self._buckets.get(tokens.bit_length() - 1)
+        if bucket is not None:
+            bucket.calibrated = True
+
     def curve(self) -> list[tuple[float, float]]:
         fresh = self._seen - self.stale_after
-        return [b.centroid() for _, b in sorted(self._buckets.items()) if b.last_seen > fresh]
+        return [b.centroid() for _, b in sorted(self._buckets.items())
+                if b.last_seen > fresh or b.calibrated]  # fmt: skip
 
     def predict(self, tokens: int) -> float:
         """A step's seconds at this size: on the measured curve, else by the linear fit."""
@@ -186,15 +201,23 @@ class TokenBudget:
     def target(self, interactive: bool) -> float:
         return self.itl_target if interactive else self.background_itl_target
 
-    def tokens(self, decoding: int, interactive: bool = True) -> int:
-        """How many tokens the next step may carry, given how many sequences are decoding and
-        whether any of them is interactive."""
+    def tokens(
+        self, decoding: int, interactive: bool = True, *, reserved_s: float = 0.0,
+        guard: bool = True,
+    ) -> int:  # fmt: skip
+        """How many tokens the next step may carry, given how many sequences are decoding,
+        whether any of them is interactive, and `reserved_s` seconds the step spends besides
+        its tokens (restoring kept prompts). `guard=False` leaves the starvation guard out: the
+        room of work that may wait (a background prompt beside a person's stream), which
+        gets only what fits the target."""
         if decoding == 0 or not self.chunked:
             return self.max_batch
-        target = self.target(interactive) * self.safety
-        allowed = self.times.largest_within(target, self.max_batch)
+        target = self.target(interactive) * self.safety - reserved_s
+        allowed = self.times.largest_within(target, self.max_batch) if target > 0 else 0
         floor = decoding + self.min_chunk
         if allowed < decoding:
+            if not guard:
+                return decoding
             # Even the decodes alone overrun the target (an overloaded box, or a model too big
             # for it): holding prompts to min_chunk would still miss the target and starve
             # them (seen on a loaded 2-core box: 0.7 s decode steps, a 1600-token prompt read
@@ -208,7 +231,14 @@ class TokenBudget:
             else:
                 share = self.starved_chunk
             allowed = decoding + max(self.min_chunk, share)
+        elif not guard:
+            return min(self.max_batch, allowed)
         return min(self.max_batch, max(floor, allowed))  # a step never exceeds n_batch
+
+    def seconds_per_prompt_token(self) -> float:
+        """What reading a prompt costs per token at the best batch size measured: the price
+        of recomputing a prefix instead of restoring it (inference.engine.tiers.costs)."""
+        return self.times.predict(self.max_batch) / self.max_batch
 
     def fits(self, tokens: int, interactive: bool = True) -> bool:
         """Whether a step of this many tokens is predicted to meet its target."""

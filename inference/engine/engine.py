@@ -13,8 +13,15 @@ Interface (what the web app, the worker and the LAN API build on):
     for event in handle.events(): ...        # or: async for event in handle.aevents()
     engine.cancel(handle.id)                 # thread-safe, at any point
     engine.set_priority(handle.id, "background")  # nobody reads it now; thread-safe too
+    engine.forget_prompts("apikey:3")        # drop what a partition's prompts left (a Future)
     engine.snapshot()                        # telemetry, readable from any thread
-    engine.shutdown()
+    engine.shutdown()                        # what idle slots keep goes into the tiers
+    engine.persist_prompts(timeout=10)       # and the RAM tier to disk (runner_main does this)
+
+With a PromptStore (inference.engine.tiers), the engine keeps what its sequences have read
+beyond their slots: the scheduler plans the saves and restores (scheduler.py), the engine
+applies them in each step before the run, and reports where each request's cached tokens came
+from (Request.cached_by_tier) and what restoring them took.
 """
 
 import logging
@@ -40,17 +47,22 @@ from inference.engine.events import (
 )
 from inference.engine.generation import PRIORITIES, GenerationRequest, Priority
 from inference.engine.params import SamplingParams
-from inference.engine.prefix_cache import KvTrim
+from inference.engine.prefix_cache import KvRestore, KvSave, KvTrim
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
 from inference.engine.scheduler import Chunk, QueueFull, Scheduler, StepPlan
+from inference.engine.speculation.policy import Speculation
 from inference.engine.telemetry import Telemetry
 from inference.engine.textstream import TextStream
+from inference.engine.tiers import PromptStore, RestoreCosts
+from inference.engine.tiers.disk import DiskResult
+from inference.engine.tiers.entries import conversation_digest
 
 log = logging.getLogger(__name__)
 
 STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tokens this recent
 MAX_SHARE_ROWS = 32  # rows of the snapshot's "shares" table
+MAX_WARM_ROWS = 256  # conversations a snapshot names as kept (the router's hint, bounded)
 
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
@@ -83,9 +95,16 @@ class Runner(Protocol):
     def prepare(self, request: Request) -> None: ...  # set up the request's sampler
     def release(self, request: Request) -> None: ...
     def trim(self, trims: list[KvTrim]) -> None: ...
-    def execute(self, chunks: list[Chunk]) -> list[int]: ...  # a token per sampling chunk
-    # After execute(), for a request whose params ask for logprobs: its sampled token's.
-    def logprobs(self, request: Request, token: int) -> StepLogprobs: ...
+    # Whether a sequence's KV lets it go on at `position` (a reused prefix: see runner.py).
+    def continues(self, seq_id: int, position: int) -> bool: ...
+    # Warm memory (only with a PromptStore): a sequence's KV state as bytes, and back into an
+    # empty sequence (False: refused, the sequence left empty).
+    def save(self, seq_id: int) -> bytearray: ...
+    def restore(self, seq_id: int, data: bytearray) -> bool: ...
+    # The tokens sampled for each chunk that samples: one, or a draft's verified run.
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]: ...
+    # After execute(), for a request whose params ask for logprobs: its index-th sampled token's.
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs: ...
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -103,15 +122,23 @@ class Engine:
         reserve: int | None = None,
         telemetry_window: float = 10.0,
         name: str = "",
+        prompts: PromptStore | None = None,
+        speculation: Speculation | None = None,
     ):
         """`itl_target`: how long a step that carries an interactive stream may take (seconds);
         `background_itl_target`: the same for steps whose streams are all background; `reserve`:
-        sequence slots kept for a person's first request (None: one from four slots up)."""
+        sequence slots kept for a person's first request (None: one from four slots up);
+        `prompts`: the tiers that keep what sequences have read (None: slots only);
+        `speculation`: drafting and verifying several tokens a step (None: one a step)."""
         self.runner = runner
         self.name = name
         self.itl_target = itl_target
         self.budget = TokenBudget(itl_target, runner.n_batch, chunked=chunked_prefill,
                                   background_itl_target=background_itl_target)  # fmt: skip
+        self.costs = RestoreCosts()
+        self.prompts = prompts
+        if prompts is not None:
+            prompts.on_fetched = lambda result: self._inbox.put(("fetched", result))
         self.scheduler = Scheduler(
             n_ctx=runner.n_ctx,
             n_slots=runner.n_slots,
@@ -120,7 +147,11 @@ class Engine:
             max_queue=max_queue,
             prefix_cache=prefix_cache,
             reserve=reserve,
+            tiers=prompts,
+            costs=self.costs,
+            speculation=speculation,
         )
+        self.speculation = speculation
         self.telemetry = Telemetry(window_s=telemetry_window)
         self.max_queue = max_queue
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -208,6 +239,24 @@ class Engine:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
         self._inbox.put(("priority", request_id, priority))
 
+    def forget_prompts(self, partition: str | None = None, *, everything: bool = False) -> Future:
+        """Drop what `partition`'s prompts left in idle slots and in the tiers (everything=True:
+        everyone's), between steps; the Future's result is the number of tier entries dropped.
+        Running requests keep their KV until they end (then it is kept anew)."""
+        future: Future = Future()
+        self._inbox.put(("forget", partition, everything, future))
+        return future
+
+    def persist_prompts(self, timeout: float) -> int:
+        """After shutdown(): write what the RAM tier holds to disk (within `timeout` seconds)
+        and let go of the disk tier; returns the entries written."""
+        if self.prompts is None:
+            return 0
+        try:
+            return self.prompts.flush(timeout)
+        finally:
+            self.prompts.close()
+
     def on_engine_thread(self, fn: Callable[[], object]) -> Future:
         """Run `fn` between steps on the thread that owns the runner; its result or exception
         comes back in the Future. llama.cpp's OpenMP threads belong to the thread that calls
@@ -284,9 +333,26 @@ class Engine:
             "idle_s": now - self.last_active if not counts["prefilling"] + counts["decoding"]
             else 0.0,
             "streams": self._streams_now(now),
+            "prompt_cache": self._prompt_cache_now(),
+            "speculation": self.speculation.reading() if self.speculation is not None
+            else {"enabled": False},
             **self.telemetry.snapshot(now),
             "shares": self._shares_now(now),
         }
+
+    def _prompt_cache_now(self) -> dict:
+        """The tiers against their bounds, their use since load, the measured restore rates,
+        and the conversations kept (digests, for split mode's router: resident and tiers)."""
+        reading = {"enabled": self.prompts is not None and self.prompts.enabled,
+                   "use": self.telemetry.reuse(), **self.costs.rates()}  # fmt: skip
+        keys = [s.cache_key for s in list(self.scheduler.cache.slots) if s.cache_key]
+        if self.prompts is not None:
+            reading.update(self.prompts.stats())
+            keys += self.prompts.conversations(MAX_WARM_ROWS)
+        reading["conversations"] = list(dict.fromkeys(map(conversation_digest, keys)))[
+            :MAX_WARM_ROWS
+        ]
+        return reading
 
     def _streams_now(self, now: float) -> list[dict]:
         """Each running request as the dashboard's live table shows it: decode tok/s over the
@@ -390,14 +456,15 @@ class Engine:
                     _, request, handle = message
                     self._handles[request.id] = handle
                     self._fail(request, "the engine stopped")
-                elif message[0] == "call":
-                    message[2].set_exception(EngineStopped("the engine stopped"))
+                elif message[0] in ("call", "forget"):
+                    message[-1].set_exception(EngineStopped("the engine stopped"))
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 try:  # out of the scheduler too, or the engine would read as busy forever
                     self.scheduler.cancel(request.id)
                 except Exception:  # noqa: BLE001 - the scheduler may be what broke
                     log.exception("dropping %s", request.id)
                 self._fail(request, "the engine stopped")
+            self._keep_resident()
             self._counts = self.scheduler.counts()
             with self._pending_lock:
                 self._exited = True
@@ -453,6 +520,18 @@ class Engine:
                 future.set_result(fn())
             except Exception as exc:  # noqa: BLE001 - the caller gets it
                 future.set_exception(exc)
+        elif kind == "fetched":
+            result: DiskResult = message[1]
+            if result.ok:
+                self.costs.observe_read(result.entry.n_bytes, result.seconds)
+            self.scheduler.fetched()
+        elif kind == "forget":
+            _, partition, everything, future = message
+            self.scheduler.forget(partition, everything)
+            if self.speculation is not None:  # what its answers taught the n-gram table too
+                self.speculation.forget(partition, everything=everything)
+            dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
+            future.set_result(dropped)
 
     def step(self) -> None:
         """One iteration: schedule → run → update."""
@@ -466,7 +545,10 @@ class Engine:
             self._admitted(request)
         self._report_queue(now)
         self._report_paused(plan.paused)
-        self.runner.trim(plan.kv_trims)
+        self._apply_kv(plan)
+        for request in plan.admitted:
+            self.telemetry.record_reuse(request.cached_tier, request.cached_tokens,
+                                        request.restore_time, self._saved_seconds(request))
         if not plan.chunks:
             self._counts = self.scheduler.counts()
             return
@@ -487,7 +569,86 @@ class Engine:
         self.last_active = ended
         self._counts = self.scheduler.counts()
 
+    # --- KV edits and warm memory ----------------------------------------------------------
+
+    def _apply_kv(self, plan: StepPlan) -> None:
+        """The plan's KV edits, in order: saves into the tiers, trims, restores; then each
+        request admitted with cached tokens is checked to go on from them (runner.continues:
+        a model with sliding-window layers may have dropped what an old prefix needs)."""
+        for op in plan.kv_ops:
+            if isinstance(op, KvTrim):
+                self.runner.trim([op])
+            elif isinstance(op, KvSave):
+                self._save(op)
+            elif isinstance(op, KvRestore):
+                self._restore(op, plan)
+        for request in plan.admitted:
+            if request.cached_tokens and not self.runner.continues(request.seq_id,
+                                                                   request.num_computed):
+                log.info("%s: %d cached tokens cannot be reused here (sliding-window or "
+                         "recurrent layers); reading the prompt", self.name,
+                         request.cached_tokens)  # fmt: skip
+                self._read_cold(request, plan)
+
+    def _save(self, op: KvSave) -> None:
+        store = self.prompts
+        if store is None or store.covers(op.partition, list(op.tokens)):
+            return
+        try:
+            data = self.runner.save(op.seq_id)
+        except Exception:  # noqa: BLE001 - losing a kept prompt costs a read, nothing more
+            log.exception("saving sequence %d for the tiers", op.seq_id)
+            return
+        store.put(op.partition, op.cache_key, list(op.tokens), data)
+
+    def _restore(self, op: KvRestore, plan: StepPlan) -> None:
+        request = next(r for r in plan.admitted if r.id == op.request_id)
+        started = time.perf_counter()
+        try:
+            restored = self.runner.restore(op.seq_id, op.data)
+        except Exception:  # noqa: BLE001 - a cold read instead, below
+            log.exception("restoring a kept prompt")
+            restored = False
+        seconds = time.perf_counter() - started
+        if restored:
+            self.runner.trim([KvTrim(op.seq_id, op.keep)])
+            self.costs.observe_restore(len(op.data), seconds)
+            request.restore_time = seconds + (op.entry.read_seconds if request.fetched else 0.0)
+            return
+        # Never a wrong answer: the entry goes, the sequence is emptied, and the request reads
+        # its whole prompt from the next step on (its chunk in this one is dropped).
+        log.warning("%s: llama.cpp refused kept prompt %s (%d tokens); reading the prompt again",
+                    self.name, op.entry.id, op.entry.n_tokens)  # fmt: skip
+        if self.prompts is not None:
+            self.prompts.discard(op.entry)
+        self._read_cold(request, plan)
+
+    def _read_cold(self, request: Request, plan: StepPlan) -> None:
+        """Its cached tokens cannot be used: its sequence is emptied and it reads its whole
+        prompt from the next step on (its chunk in this one is dropped). Never a wrong answer."""
+        self.runner.trim([KvTrim(request.seq_id, 0)])
+        plan.chunks = [c for c in plan.chunks if c.request is not request]
+        request.num_computed = request.cached_tokens = 0
+        request.cached_tier = None
+        request.restore_time = 0.0
+
+    def _keep_resident(self) -> None:
+        """The runner stops: what idle slots hold goes into the tiers (engine thread, before
+        the runner is closed)."""
+        try:
+            for op in self.scheduler.keep_all():
+                self._save(op)
+        except Exception:  # noqa: BLE001 - a stop must not fail for it
+            log.exception("keeping what the slots hold")
+
+    def _saved_seconds(self, request: Request) -> float:
+        """What reusing its cached tokens saved: reading them again less restoring them."""
+        read = request.cached_tokens * self.budget.seconds_per_prompt_token()
+        return max(0.0, read - request.restore_time)
+
     def _admitted(self, request: Request) -> None:
+        if self.speculation is not None:
+            self.speculation.start(request)
         with self._pending_lock:
             self._pending -= 1
         self._deliver(request, PhaseEvent(request.id, "prefilling"))
@@ -515,31 +676,59 @@ class Engine:
         done = min(request.num_computed, request.prompt_len)
         return PrefillEvent(request.id, done, request.prompt_len, request.cached_tokens)
 
-    def _update(self, plan: StepPlan, sampled: list[int], started: float, ended: float):
-        tokens = iter(sampled)
+    def _update(self, plan: StepPlan, sampled: list[list[int]], started: float, ended: float):
+        results = iter(sampled)
         prompt_tokens = output_tokens = decode_tokens = 0
         served: dict[tuple[str | None, str], int] = {}
+        speculation = self.scheduler.speculation
         for chunk in plan.chunks:
             request = chunk.request
             key = (request.share, request.priority)
-            served[key] = served.get(key, 0) + len(chunk.tokens)
+            served[key] = served.get(key, 0) + chunk.size
             request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
                 request.prefill_chunks.append((started, ended, len(chunk.tokens)))
                 self._deliver(request, self._prefill_progress(request))
             else:
-                decode_tokens += len(chunk.tokens)
-            if chunk.sample:
-                output_tokens += 1
-                self._accept_token(request, next(tokens))
+                decode_tokens += chunk.size
+            if not chunk.sample:
+                continue
+            tokens = next(results)
+            output_tokens += len(tokens)
+            if speculation is not None and request.speculation is not None:
+                speculation.came(request, tokens, chunk.draft)
+            if chunk.draft:
+                self._accept_verified(request, chunk, tokens)
+            else:
+                self._accept_token(request, tokens[0])
         self.telemetry.record_step(
             ended, prompt_tokens, output_tokens, len(plan.chunks), ended - started, decode_tokens,
             background_decode=plan.background_decodes, interactive=plan.interactive,
-            paused=len(plan.paused), served=served,
+            paused=len(plan.paused), served=served, verify=plan.draft_tokens,
         )  # fmt: skip
 
-    def _accept_token(self, request: Request, token: int) -> None:
+    def _accept_verified(self, request: Request, chunk: Chunk, tokens: list[int]) -> None:
+        """A speculating stream's tokens from one step (runner.execute): all but the last are
+        drafted tokens it kept, whose KV the step wrote. Each is taken as a token of its own
+        (stop strings, end of generation and max_tokens cut the run exactly where they would
+        without speculation); then the KV past what the sequence holds is removed."""
+        kept = len(tokens) - 1
+        request.drafted += len(chunk.draft)
+        request.draft_accepted += kept
+        first = chunk.start + len(chunk.tokens)  # what the sequence holds before the run
+        for n, token in enumerate(tokens):
+            if request.status.done:
+                break
+            # Before its n-th token the sequence holds the n drafted tokens kept before it
+            # (all but the last output token are in the KV: what a finished turn keeps).
+            request.num_computed = first + n
+            self._accept_token(request, token, index=n)
+        fed = chunk.start + chunk.size
+        if request.num_computed < fed:
+            self.runner.trim([KvTrim(request.seq_id, request.num_computed)])
+
+    def _accept_token(self, request: Request, token: int, index: int = 0) -> None:
         if request.status == Status.PREFILLING:
             request.status = Status.DECODING
             self._deliver(request, PhaseEvent(request.id, "decoding"))
@@ -556,7 +745,8 @@ class Engine:
         times.append(sent)
         if text:
             self._text_sent(request, sent)
-        logprobs = None if request.params.logprobs is None else self.runner.logprobs(request, token)
+        logprobs = (None if request.params.logprobs is None
+                    else self.runner.logprobs(request, token, index))  # fmt: skip
         self._deliver(request, TokenEvent(request.id, text, token, len(request.output_ids) - 1,
                                           logprobs=logprobs))  # fmt: skip
         if stream.stopped:
@@ -581,6 +771,8 @@ class Engine:
             with self._pending_lock:
                 self._pending -= 1
         self.runner.release(request)
+        if self.speculation is not None:
+            self.speculation.finished(request)  # its partition's table learns its answer
         figures = request.figures()
         self.telemetry.record_outcome(reason, figures["total_time"], request.cached_tokens)
         with self._pending_lock:

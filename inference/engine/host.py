@@ -87,6 +87,10 @@ class ServingEngine(Protocol):
         self, text: str, *, add_special: bool = True, with_pieces: bool = False
     ) -> Future: ...  # of a Tokens (inference.engine.tokens)
     def detokenize(self, ids: list[int]) -> Future: ...  # of a str
+    # Drop a partition's kept prompts (everything: all of them); a Future of the entries dropped.
+    def forget_prompts(
+        self, partition: str | None = None, *, everything: bool = False
+    ) -> Future: ...
     def info(self) -> dict: ...
     def snapshot(self) -> dict: ...
     def shutdown(self, timeout: float = 10.0) -> None: ...
@@ -140,6 +144,9 @@ class EngineHost:
         # (its context sized) or None to load it as given.
         self.preflight = preflight
         self._loaded: dict[str, Loaded] = {}
+        # Told what is loaded after each load and each unload asked for (not at shutdown):
+        # inference.serving.warm_start records it, so a restart loads the same models again.
+        self.on_change: Callable[[list[ModelSpec]], None] | None = None
         self._lock = threading.RLock()  # held during loads: one load at a time
         self._sweeper: threading.Thread | None = None
         self._stop = threading.Event()
@@ -216,6 +223,14 @@ class EngineHost:
         )  # fmt: skip
         log.info("loaded %s in %.2f s (%d tokens per sequence)",
                  spec.name, now - load_started, _ctx_of(spec.config))  # fmt: skip
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change([loaded.spec for loaded in self._loaded.values()])
+            except Exception:  # noqa: BLE001 - a record is not worth a failed load
+                log.exception("recording the loaded models")
 
     def _drop_stopped(self) -> None:
         """(Under _lock.) Forget engines that stopped by themselves (a runner process died)."""
@@ -223,6 +238,7 @@ class EngineHost:
             if not loaded.engine.alive:
                 del self._loaded[name]
                 log.warning("%s had stopped; it loads again on its next request", name)
+                self._changed()
 
     def _make_room(self) -> None:
         while len(self._loaded) >= self.max_loaded:
@@ -233,6 +249,7 @@ class EngineHost:
                 )
             victim = min(idle, key=lambda m: m.last_used)
             self._unload_locked(victim.spec.name)
+            self._changed()
 
     def unload(self, name: str, *, force: bool = False) -> bool:
         with self._lock:
@@ -242,6 +259,7 @@ class EngineHost:
             if not force and loaded.engine.busy:
                 raise ModelBusy(f"{name} is answering a request")
             self._unload_locked(name)
+            self._changed()
             return True
 
     def _unload_locked(self, name: str) -> None:
@@ -261,6 +279,8 @@ class EngineHost:
                 if remaining is not None and remaining <= 0 and not loaded.engine.busy:
                     self._unload_locked(name)
                     expired.append(name)
+            if expired:
+                self._changed()
         return expired
 
     def start_sweeper(self, interval: float = 0.5) -> None:
@@ -317,6 +337,21 @@ class EngineHost:
         with self._lock:
             engine, waited = self.load(spec)
             return engine.detokenize(ids), waited
+
+    def forget_prompts(
+        self, partition: str | None = None, *, everything: bool = False, name: str | None = None
+    ) -> int:
+        """Drop kept prompts in the loaded engines (only model `name`'s when given): a
+        partition's, or with `everything` all of them; returns the tier entries dropped."""
+        dropped = 0
+        for model, loaded in list(self._loaded.items()):
+            if name is not None and model != name or not loaded.engine.alive:
+                continue
+            try:
+                dropped += loaded.engine.forget_prompts(partition, everything=everything).result(30)
+            except Exception as exc:  # noqa: BLE001 - it stopped meanwhile: nothing is kept
+                log.info("%s could not forget kept prompts: %s", model, exc)
+        return dropped
 
     def touch(self, name: str) -> None:
         """Restart a model's keep-alive clock (called when an answer ends)."""

@@ -7,7 +7,13 @@ conversation only prefills what is new; cached slots are evicted least-recently-
 KV is reused only within its partition (an app's key, a user): another partition's slot is
 unrelated to the prompt, whatever it holds, so neither its text nor its length can be learnt.
 
-This module only does bookkeeping: it returns the KV edits (`KvTrim`) that the runner must apply.
+With warm memory on (`keeps_dropped`), KV a slot holds is not lost when the slot is needed for
+something else: the edit that drops it is preceded by a `KvSave`, which the engine turns into an
+entry of the RAM tier (inference.engine.tiers); a prefix brought back from a tier is a
+`KvRestore` into an empty slot.
+
+This module only does bookkeeping: it returns the KV edits (`KvTrim`, `KvSave`, `KvRestore`) that
+the runner must apply, in order.
 """
 
 from dataclasses import dataclass, field
@@ -19,6 +25,35 @@ class KvTrim:
 
     seq_id: int
     start: int
+
+
+@dataclass(slots=True, frozen=True)
+class KvSave:
+    """Copy a sequence's KV (it holds `tokens`) into the tiers before an edit drops it."""
+
+    seq_id: int
+    tokens: tuple[int, ...]
+    partition: str | None
+    cache_key: str | None
+
+
+@dataclass(slots=True, frozen=True)
+class KvRestore:
+    """Restore a kept entry (`data`, its state, held here so nothing can drop it before the
+    step) into an empty sequence and keep its first `keep` tokens: those of the request's
+    prompt that it holds."""
+
+    seq_id: int
+    request_id: str
+    entry: object  # inference.engine.tiers.KvEntry
+    data: bytearray
+    keep: int
+
+
+KvOp = KvTrim | KvSave | KvRestore
+
+# Dropping fewer tokens than this (a slot's tail) does not save the slot first.
+MIN_SAVED_TAIL = 16
 
 
 @dataclass(slots=True)
@@ -45,11 +80,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PrefixCache:
-    def __init__(self, n_slots: int, enabled: bool = True):
+    def __init__(self, n_slots: int, enabled: bool = True, keeps_dropped: bool = False):
         if n_slots < 1:
             raise ValueError("at least one sequence slot is needed")
         self.slots = [Slot(seq_id=i) for i in range(n_slots)]
         self.enabled = enabled
+        self.keeps_dropped = keeps_dropped and enabled  # a save before KV is dropped
         self._clock = 0  # a use counter: LRU order without wall-clock reads
 
     @property
@@ -91,6 +127,35 @@ class PrefixCache:
         shared = preference(best)[0]
         return best, min(shared, len(prompt_ids) - 1)
 
+    def choose_empty(self) -> Slot:
+        """The idle slot to restore a kept prefix into: an empty one, else the least recently
+        used (what it holds is saved first: `save_before_dropping`)."""
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            raise RuntimeError("no idle slot")
+        return max(idle, key=lambda s: (not s.tokens, -s.last_used))
+
+    def save_before_dropping(self, slot: Slot, keep: int) -> KvSave | None:
+        """The save that keeps what `slot` holds past `keep` tokens, when warm memory is on and
+        that is worth keeping (a finished turn's KV, not a few tokens of its tail)."""
+        if not self.keeps_dropped or slot.busy or len(slot.tokens) - keep < MIN_SAVED_TAIL:
+            return None
+        return KvSave(slot.seq_id, tuple(slot.tokens), slot.partition, slot.cache_key)
+
+    def kept(self) -> list[KvSave]:
+        """A save of every idle slot that holds KV (the runner is stopping)."""
+        return [save for s in self.slots if (save := self.save_before_dropping(s, 0))]
+
+    def forget(self, partition: str | None, everything: bool = False) -> list[KvTrim]:
+        """Drop the KV idle slots hold for `partition` (or for anyone), unsaved."""
+        trims = []
+        for slot in self.slots:
+            if not slot.busy and slot.tokens and (everything or slot.partition == partition):
+                slot.tokens = []
+                slot.cache_key = None
+                trims.append(KvTrim(slot.seq_id, 0))
+        return trims
+
     def take(
         self, slot: Slot, reused: int, cache_key: str | None, partition: str | None = None
     ) -> KvTrim | None:
@@ -102,15 +167,17 @@ class PrefixCache:
         slot.partition = partition
         return trim
 
-    def evict_one(self, keep: Slot) -> KvTrim | None:
-        """Drop the least recently used idle cached slot other than `keep`, if any."""
+    def evict_one(self, keep: Slot) -> list[KvOp]:
+        """Drop the least recently used idle cached slot other than `keep`, if any: its save
+        (warm memory on) and its trim, or nothing."""
         candidates = [s for s in self.slots if not s.busy and s.tokens and s is not keep]
         if not candidates:
-            return None
+            return []
         victim = min(candidates, key=lambda s: s.last_used)
+        save = self.save_before_dropping(victim, 0)
         victim.tokens = []
         victim.cache_key = None
-        return KvTrim(victim.seq_id, 0)
+        return [save, KvTrim(victim.seq_id, 0)] if save else [KvTrim(victim.seq_id, 0)]
 
     def release(self, seq_id: int, kv_tokens: list[int] | None) -> KvTrim | None:
         """A request left its slot. `kv_tokens` is the KV to keep for the next turn, or None to

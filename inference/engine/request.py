@@ -10,6 +10,7 @@ from enum import IntEnum
 
 from inference.engine.params import SamplingParams
 from inference.engine.stats import distribution
+from inference.engine.tiers.entries import TIERS
 
 
 class Status(IntEnum):
@@ -46,6 +47,16 @@ class Request:
     status: Status = Status.WAITING
     seq_id: int | None = None
     cached_tokens: int = 0
+    # Where the cached tokens came from (tiers.entries.TIERS: a resident slot, the RAM tier, the
+    # disk tier), and the seconds restoring them took (the disk read included).
+    cached_tier: str | None = None
+    restore_time: float = 0.0
+    fetching: bool = False  # waiting now for its kept prefix to come from disk
+    fetched: bool = False  # it waited for one: its cached tokens come from the disk tier
+    lookup_ids: object = None  # the prompt as the tiers compare it (numpy), made once
+    speculation: object = None  # its speculation.policy.Stream while it decodes
+    drafted: int = 0  # draft tokens verified for it (llama-server's draft_n)
+    draft_accepted: int = 0  # of those, kept (draft_n_accepted)
     # Tokens whose KV is in the context: the prompt (cached part included), then fed-back outputs.
     num_computed: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -81,6 +92,14 @@ class Request:
         return (self.prompt_ids + self.output_ids)[: self.num_computed]
 
     # --- figures -------------------------------------------------------------------------
+
+    @property
+    def cached_by_tier(self) -> dict[str, int]:
+        """The cached tokens by where they came from; they add up to `cached_tokens`."""
+        counts = dict.fromkeys(TIERS, 0)
+        if self.cached_tokens and self.cached_tier in counts:
+            counts[self.cached_tier] = self.cached_tokens
+        return counts
 
     @property
     def queue_time(self) -> float | None:
@@ -152,6 +171,10 @@ class Request:
             "load_time": self.load_time,
             "prompt_tokens": self.prompt_len,
             "cached_tokens": self.cached_tokens,
+            "cached_by_tier": self.cached_by_tier,
+            "restore_time": self.restore_time,
+            "drafted": self.drafted,
+            "draft_accepted": self.draft_accepted,
             "output_tokens": len(self.output_ids),
             "prefill_time": self.prefill_time,
             "prompt_tps": self.prompt_tps,

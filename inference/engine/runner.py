@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import threading
+import time
 
 import llama_cpp as ll
 import numpy as np
@@ -54,6 +55,7 @@ DECODE_ERRORS = {
 
 
 EMBED_MAX_TOKENS = 2048  # per input (see embed_limit)
+CALIBRATE_S = 0.1  # at most about this long timing steps by size at load (calibrate)
 # Inputs per llama_decode of the embedding context. Measured on the starter model (CPU): with
 # several inputs in one decode, an input's vector moved by up to 0.4 % (0.15 in a component of a
 # vector of length 37) against the same input alone, once a decode held more than ~32 tokens:
@@ -130,10 +132,11 @@ class LlamaRunner:
         self.ctx_per_seq = min(config.ctx_per_seq, self.n_ctx)
         self.n_batch = config.n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_swa = int(ll.llama_model_n_swa(self.model))  # 0: no sliding-window layers
         self.threads = threads
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
-        self._sampled: dict[str, int] = {}  # the last step's sampled rows, by request id
+        self._sampled: dict[str, list[int]] = {}  # the last step's sampled rows, by request id
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._closed = False
@@ -273,15 +276,69 @@ class LlamaRunner:
         for trim in trims:
             ll.llama_memory_seq_rm(self.memory, trim.seq_id, trim.start, -1)
 
-    def execute(self, chunks: list[Chunk]) -> list[int]:
+    def continues(self, seq_id: int, position: int) -> bool:
+        """Whether sequence `seq_id` can go on at `position` with the KV it holds: its cells end
+        right before it (a recurrent model's state cannot be trimmed back to a prefix), and a
+        model with sliding-window layers still has the window before it (those layers drop
+        older cells as they go, so an old prefix may be gone there; llama-server checks the
+        same, pos_min against n_swa)."""
+        if position == 0:
+            return True
+        if ll.llama_memory_seq_pos_max(self.memory, seq_id) != position - 1:
+            return False
+        if self.n_swa <= 0:
+            return True
+        pos_min = ll.llama_memory_seq_pos_min(self.memory, seq_id)
+        return pos_min == 0 or pos_min < max(0, position - self.n_swa)
+
+    @property
+    def state_format(self) -> str:
+        """What a saved sequence state's layout depends on besides the model and settings."""
+        return f"llama-cpp-python {ll.__version__}, state {ll.LLAMA_STATE_SEQ_VERSION}"
+
+    def save(self, seq_id: int) -> bytearray:
+        """The KV state of one sequence (llama_state_seq_get_data): about as many bytes as its
+        cells hold (23 KB a token for the starter model), copied in ~1 ms per 10 MB here."""
+        size = ll.llama_state_seq_get_size(self.ctx, seq_id)
+        data = bytearray(size)
+        written = ll.llama_state_seq_get_data(
+            self.ctx, (ctypes.c_uint8 * size).from_buffer(data), size, seq_id
+        )
+        if written != size:
+            raise RuntimeError(f"llama.cpp wrote {written} of {size} bytes of sequence {seq_id}")
+        return data
+
+    def restore(self, seq_id: int, data: bytearray) -> bool:
+        """A saved state into sequence `seq_id`, emptied first; False (and the sequence empty)
+        when llama.cpp refuses it. Only states this runner's layout saved reach here (the
+        tiers check model, settings and checksums first)."""
+        ll.llama_memory_seq_rm(self.memory, seq_id, 0, -1)
+        if not data:
+            return False
+        read = ll.llama_state_seq_set_data(
+            self.ctx, (ctypes.c_uint8 * len(data)).from_buffer(data), len(data), seq_id
+        )
+        if read != len(data):
+            ll.llama_memory_seq_rm(self.memory, seq_id, 0, -1)
+            return False
+        return True
+
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]:
+        """Run one step; for each chunk that samples, in the plan's order, the tokens sampled:
+        one, or for a chunk with a draft (speculation), the model's own tokens at each drafted
+        position as long as they agree with the draft, then the one where they first differ
+        (or, all kept, the one after the last): each from its position's logits through the
+        request's sampler chain, which accepts only the tokens kept (a grammar advances
+        through those alone). The KV then holds every drafted token: the engine trims what
+        was not kept."""
         batch = self._batch
         token, pos, n_seq, seq, logits = (
             batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)  # fmt: skip
-        total = sum(len(chunk.tokens) for chunk in chunks)
+        total = sum(chunk.size for chunk in chunks)
         if total > self.n_batch:  # checked before writing: the batch holds n_batch tokens
             raise ValueError(f"a step of {total} tokens exceeds n_batch {self.n_batch}")
         i = 0
-        wanted: dict[int, tuple[str, int]] = {}  # chunk index -> (request id, batch index)
+        wanted: dict[int, tuple[str, int, list[int]]] = {}  # chunk -> (id, first row, draft)
         # Written in sequence-id order: with one KV stream per sequence, llama.cpp splits a
         # batch into ubatches that each take one run of consecutive, increasing sequence ids
         # in batch order (llama_batch_allocr::split_equal), and each ubatch is a graph pass of
@@ -292,7 +349,7 @@ class LlamaRunner:
             chunk = chunks[n]
             seq_id = chunk.request.seq_id
             position = chunk.start
-            for tok in chunk.tokens:
+            for tok in (*chunk.tokens, *chunk.draft):
                 token[i] = tok
                 pos[i] = position
                 n_seq[i] = 1
@@ -301,19 +358,34 @@ class LlamaRunner:
                 position += 1
                 i += 1
             if chunk.sample:
-                logits[i - 1] = 1
-                wanted[n] = (chunk.request.id, i - 1)
+                first = i - 1 - len(chunk.draft)  # the last token of `tokens`
+                for row in range(first, i):
+                    logits[row] = 1
+                wanted[n] = (chunk.request.id, first, chunk.draft)
         batch.n_tokens = i
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:
             raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
-        self._sampled = dict(wanted.values())
         sample = ll.llama_sampler_sample
-        return [sample(self._samplers[rid], self.ctx, index)  # in the plan's order
-                for rid, index in (wanted[n] for n in sorted(wanted))]  # fmt: skip
+        self._sampled = {}
+        results = []
+        for n in sorted(wanted):  # in the plan's order
+            rid, row, draft = wanted[n]
+            chain = self._samplers[rid]
+            rows, tokens = [], []
+            for guess in (*draft, None):
+                tokens.append(sample(chain, self.ctx, row))
+                rows.append(row)
+                if tokens[-1] != guess:
+                    break
+                row += 1
+            self._sampled[rid] = rows
+            results.append(tokens)
+        return results
 
-    def logprobs(self, request: Request, token: int) -> StepLogprobs:
-        """`token`'s log-probability at the step execute() just ran for `request`, and the
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs:
+        """`token`'s log-probability at the step execute() just ran for `request` (the
+        `index`th token it sampled in that step: speculation samples several), and the
         `request.params.logprobs` likeliest tokens there. Only between that execute() and the
         next: it reads the step's logits, which the next llama_decode overwrites; a request
         that asks for none never gets here, so it costs nothing.
@@ -322,7 +394,7 @@ class LlamaRunner:
         temperature (1 for greedy), normalised over the whole vocabulary (a log-softmax in
         float64), as Ollama reports it. Penalties, a grammar's mask and the top-k/top-p/min-p
         cuts are left out: they say what may be drawn, not how likely the model found it."""
-        row = self._sampled[request.id]
+        row = self._sampled[request.id][index]
         pointer = ll.llama_get_logits_ith(self.ctx, row)
         if not pointer:
             raise RuntimeError("llama.cpp kept no logits for this step")
@@ -362,6 +434,54 @@ class LlamaRunner:
             if rc != 0:
                 raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
         ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
+
+    def calibrate(self, budget_s: float = CALIBRATE_S) -> list[tuple[int, float]]:
+        """Time steps of 1, 2, 4, ... tokens of one sequence with logits at every position (a
+        stream's decode with a draft being verified), on sequence 0 before anyone uses it, for
+        at most about `budget_s`; returns (tokens, seconds) for the engine's step costs. Their
+        cost by size is what speculation weighs, and is not a line: on a 2-core CPU two tokens
+        cost twice one, sixteen 6.6 times (measured with the starter model)."""
+        text = "The household server keeps the photos and answers the kitchen tablet. " * 8
+        ids = self.tokenize(text)
+        depth = min(16, self.ctx_per_seq // 4, len(ids))
+        batch = self._batch
+        timings: list[tuple[int, float]] = []
+        spent, n = 0.0, 1
+        try:
+            self._fill(ids[:depth], 0, all_logits=False)  # some context to attend to
+            last = 0.0
+            # Doubling sizes while the next (about twice the last) fits the budget: the small
+            # sizes, where the curve bends; larger ones are measured by prompts read later.
+            while n + depth < min(self.n_batch, self.ctx_per_seq) and spent + 2 * last < budget_s:
+                self._fill([ids[i % len(ids)] for i in range(n)], depth, all_logits=True)
+                started = time.perf_counter()
+                rc = ll.llama_decode(self.ctx, batch)
+                seconds = time.perf_counter() - started
+                ll.llama_memory_seq_rm(self.memory, 0, depth, -1)
+                if rc != 0:
+                    break
+                timings.append((n, seconds))
+                spent, last = spent + seconds, seconds
+                n *= 2
+        finally:
+            ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
+        return timings
+
+    def _fill(self, ids: list[int], start: int, *, all_logits: bool) -> None:
+        """Write ids into the batch as sequence 0 at `start` (and decode them when they are a
+        context: all_logits False)."""
+        batch = self._batch
+        for i, tok in enumerate(ids):
+            batch.token[i] = tok
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = all_logits or i == len(ids) - 1
+        batch.n_tokens = len(ids)
+        if not all_logits:
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
 
     # --- embeddings --------------------------------------------------------------------------
 

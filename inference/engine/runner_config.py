@@ -22,6 +22,9 @@ class RunnerConfig:
     # On: llama.cpp's "auto" (flash attention wherever the backend has it). Besides speed, it
     # keeps each sequence's attention arithmetic independent of what else is in the batch.
     flash_attn: bool = True
+    # Speculative decoding for this model (inference.engine.speculation): "auto" (as far as it
+    # pays, measured), "off". The box's SPECULATIVE_DECODING can only turn it down.
+    speculative: str = "auto"
     # llama.cpp's extra weight buffer types (CPU repacking, AMX tiles). Faster for some
     # quantisations, but a CPU may advertise AMX that its hypervisor does not deliver, and then
     # the first matmul dies with SIGSEGV; the runner supervisor turns this off for such a host.
@@ -42,6 +45,8 @@ class RunnerConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
+        if self.speculative not in ("auto", "off"):
+            raise ValueError(f"speculative must be auto or off, got {self.speculative!r}")
         if self.kv_type not in KV_TYPES:
             raise ValueError(f"kv_type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}")
         slots = self.parallel + self.cache_slots

@@ -24,6 +24,15 @@ run in one llama_decode call, built in these steps (numbered again in `schedule(
    nothing running (a person's first request): a flood, of any priority, never holds them all.
    A request the reserve keeps out is passed over, not waited for.
 
+Warm memory (inference.engine.tiers, when the scheduler has a store): a request admitted in
+step 3 takes the longest prefix of its prompt that its partition left anywhere, a resident
+slot or a tier, when restoring it costs less than reading it (tiers.costs). An entry on disk is
+fetched first, on the disk thread; the request waits for it without holding up anyone else's
+turn. A restore goes into an empty slot (what the slot held is saved first) and its time comes
+off the step's budget like a prompt chunk's: it waits for a step it fits, beside a person's
+stream, unless nobody reads or it has waited the loose background target. KV a slot held is
+saved before any edit drops it (`KvSave`), so the tiers learn every prefix the box has read.
+
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
 where it was. A chunk with `sample=True` wants logits for its last token: decodes, and the
@@ -36,12 +45,22 @@ requests' shares, which is what fair-share admission weighs.
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 
 from inference.engine.admission import FairShare
 from inference.engine.budget import TokenBudget
-from inference.engine.prefix_cache import KvTrim, PrefixCache
+from inference.engine.prefix_cache import (
+    MIN_REUSE_FRACTION,
+    KvOp,
+    KvRestore,
+    KvTrim,
+    PrefixCache,
+)
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
+from inference.engine.speculation.policy import Speculation
+from inference.engine.tiers import Hit, PromptStore, RestoreCosts
+from inference.engine.tiers.entries import as_tokens
 
 
 class QueueFull(Refused):
@@ -56,22 +75,48 @@ class Chunk:
     tokens: list[int]
     start: int  # the sequence position of tokens[0]
     sample: bool
+    # Speculation (a decode only): tokens guessed to follow, fed after `tokens` with logits at
+    # each; the runner keeps those the model samples itself, in order (speculation/).
+    draft: list[int] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) + len(self.draft)
 
 
 @dataclass(slots=True)
 class StepPlan:
     chunks: list[Chunk] = field(default_factory=list)
-    kv_trims: list[KvTrim] = field(default_factory=list)
+    kv_ops: list[KvOp] = field(default_factory=list)  # KV edits, applied in order before the run
     admitted: list[Request] = field(default_factory=list)
     decodes: int = 0  # the first `decodes` chunks are one decode token each
     background_decodes: int = 0  # of those, background streams'
     interactive: bool = False  # an interactive stream decodes in it: the ITL target bound it
     paused: list[Request] = field(default_factory=list)  # running, left out by priority
     reads_interactive: bool = False  # it carries a chunk of an interactive prompt
+    restore_s: float = 0.0  # the predicted seconds of its restores
 
     @property
     def n_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.chunks)
+        return sum(c.size for c in self.chunks)
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(len(c.draft) for c in self.chunks)
+
+    @property
+    def kv_trims(self) -> list[KvTrim]:
+        return [op for op in self.kv_ops if isinstance(op, KvTrim)]
+
+    @property
+    def restores(self) -> list[KvRestore]:
+        return [op for op in self.kv_ops if isinstance(op, KvRestore)]
+
+
+class Admission(Enum):
+    ADMITTED = "admitted"
+    NO_ROOM = "no room"  # no slot, KV or step time for it: its turn waits
+    FETCHING = "fetching"  # its kept prefix is on its way from disk: others go on
 
 
 def is_interactive(request: Request) -> bool:
@@ -90,12 +135,19 @@ class Scheduler:
         prefix_cache: bool = True,
         reserve: int | None = None,
         fair_share: FairShare | None = None,
+        tiers: PromptStore | None = None,
+        costs: RestoreCosts | None = None,
+        speculation: Speculation | None = None,
     ):
         self.n_ctx = n_ctx
         self.ctx_per_seq = min(ctx_per_seq, n_ctx)
         self.budget = budget
         self.max_queue = max_queue
-        self.cache = PrefixCache(n_slots, enabled=prefix_cache)
+        warm = prefix_cache and tiers is not None and tiers.enabled
+        self.tiers = tiers if warm else None
+        self.costs = costs or RestoreCosts()
+        self.speculation = speculation
+        self.cache = PrefixCache(n_slots, enabled=prefix_cache, keeps_dropped=warm)
         # Slots kept for a person's first request (step 4): one from four slots up, so a small
         # context keeps all its slots for work; never every slot.
         self.reserve = min(1, n_slots // 4) if reserve is None else min(reserve, n_slots - 1)
@@ -103,7 +155,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()  # in arrival order
         self.running: list[Request] = []  # in admission order
         self._reserved = 0  # KV cells promised to running requests
-        self._pending_trims: list[KvTrim] = []
+        self._pending_ops: list[KvOp] = []
 
     # --- queue -----------------------------------------------------------------------------
 
@@ -143,17 +195,35 @@ class Scheduler:
         kv_tokens = request.kv_tokens if keep_kv and request.num_computed else None
         trim = self.cache.release(request.seq_id, kv_tokens)
         if trim:
-            self._pending_trims.append(trim)
+            self._pending_ops.append(trim)
+
+    def forget(self, partition: str | None, everything: bool = False) -> None:
+        """Drop what idle slots keep for `partition` (or anyone): trims for the next step."""
+        self._pending_ops.extend(self.cache.forget(partition, everything))
+
+    def keep_all(self) -> list[KvOp]:
+        """The saves of everything idle slots keep (the runner stops); warm memory only."""
+        return list(self.cache.kept()) if self.tiers is not None else []
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._pending_trims)
+        return bool(self.running or self._pending_ops or self.admissible)
+
+    @property
+    def admissible(self) -> bool:
+        """Someone waits who could be admitted now: not only requests waiting for a fetch."""
+        return any(not r.fetching for r in self.waiting)
+
+    def fetched(self) -> None:
+        """A read from the disk tier ended (or failed): whoever waited for one tries again."""
+        for request in self.waiting:
+            request.fetching = False
 
     # --- the step --------------------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
-        plan = StepPlan(kv_trims=self._pending_trims)
-        self._pending_trims = []
+        plan = StepPlan(kv_ops=self._pending_ops)
+        self._pending_ops = []
 
         # 1. Decodes: one token for every decoding sequence, so nobody's stream stalls; beside
         # an interactive stream, background decodes only as far as the ITL target allows.
@@ -183,13 +253,22 @@ class Scheduler:
                 # (no background request is admitted while an interactive one waits)
                 claims += [(tag, 1, i, r) for i, (tag, r) in enumerate(turns)
                            if is_interactive(r) == interactive]  # fmt: skip
+            if not interactive and plan.interactive:
+                # Beside a person's stream, background prompts get what fits the target only:
+                # the starvation guard is for work that cannot wait (budget.py, 4.).
+                room = min(room, self._room(plan, guard=False))
             room = self._take_turns(sorted(claims), plan, room, now)
+
+        # 5. Drafts: a decoding stream whose text is predictable feeds guesses at what follows,
+        # verified in this same step, as far as they pay and the step's budget allows.
+        if self.speculation is not None and plan.decodes:
+            self._draft(plan)
 
         # Charge each share what it was served; mark who priority left out.
         served = {id(c.request) for c in plan.chunks}
         for chunk in plan.chunks:
             chunk.request.scheduled_at = now
-            self.fair.charge(chunk.request.share, len(chunk.tokens), now)
+            self.fair.charge(chunk.request.share, chunk.size, now)
         carries_interactive = any(is_interactive(c.request) for c in plan.chunks)
         for request in self.running:
             request.paused = carries_interactive and id(request) not in served and (
@@ -198,6 +277,25 @@ class Scheduler:
                 plan.paused.append(request)
         self.fair.forget(now)
         return plan
+
+    def _draft(self, plan: StepPlan) -> None:
+        """Step 5: each decode chunk's draft, as speculation.policy allocates them."""
+        offers = []
+        for chunk in plan.chunks[: plan.decodes]:
+            request = chunk.request
+            room = min(request.max_new_tokens - len(request.output_ids),
+                       self.ctx_per_seq - request.num_computed - 2)  # fmt: skip
+            offered = self.speculation.proposal(request, min(room, self.speculation.max_draft))
+            if offered:
+                offers.append((chunk, offered))
+        if not offers:
+            return
+        limit = self.budget.target(plan.interactive) * self.budget.safety - plan.restore_s
+        given = self.speculation.allocate([(c.request, d) for c, d in offers],
+                                          self.budget.times.predict, plan.n_tokens,
+                                          plan.decodes, limit)  # fmt: skip
+        for n, (chunk, offered) in enumerate(offers):
+            chunk.draft = offered[: given[n]]
 
     def _decodes(self, decoding: list[Request], interactive: bool, now: float) -> list[Request]:
         """Step 1: every decoding sequence, unless background decodes would push a step that
@@ -227,14 +325,30 @@ class Scheduler:
             if waiting:
                 if not admitting or not self._may_take_a_slot(request, busy):
                     continue  # 4. the reserve: look further on for a person's first request
-                if not self.cache.has_free_slot() or not self._admit(request, plan, now):
+                if not self.cache.has_free_slot():
+                    admitting = False
+                    continue
+                outcome = self._admit(request, plan, now)
+                if outcome is Admission.FETCHING:
+                    continue  # its kept prefix comes from disk; the next claim goes on
+                if outcome is Admission.NO_ROOM:
                     admitting = False  # the request whose turn it is waits, not overtaken
                     continue
                 self.waiting.remove(request)
                 plan.admitted.append(request)
                 busy.add(request.share)
+                if plan.restore_s:  # what its restore takes comes off the step's room
+                    room = min(room, self._room(plan, guard=True))
+                    if room <= 0:
+                        break
             room -= self._add_prompt_chunk(plan, request, room, now)
         return room
+
+    def _room(self, plan: StepPlan, *, guard: bool, extra_s: float = 0.0) -> int:
+        """The prompt tokens this step can still take (budget.tokens, less what it holds)."""
+        allowed = self.budget.tokens(plan.decodes, plan.interactive, guard=guard,
+                                     reserved_s=plan.restore_s + extra_s)  # fmt: skip
+        return allowed - plan.n_tokens
 
     def _may_take_a_slot(self, request: Request, busy: set[str | None]) -> bool:
         """Step 4: the last `reserve` free slots are for a person's first request."""
@@ -257,10 +371,24 @@ class Scheduler:
     def _reservation(self, request: Request) -> int:
         return request.prompt_len + request.max_new_tokens
 
-    def _admit(self, request: Request, plan: StepPlan, now: float) -> bool:
+    def _admit(self, request: Request, plan: StepPlan, now: float) -> Admission:
         slot, reused = self.cache.choose(
             request.prompt_ids, request.cache_key, request.cache_partition
         )
+        hit = self._kept_prefix(request, reused)
+        if hit is not None and not hit.entry.in_ram:
+            if self.tiers.fetch(hit.entry):
+                request.fetching = request.fetched = True
+                return Admission.FETCHING
+            hit = None  # gone meanwhile: read the prompt
+
+        restore_s = 0.0
+        if hit is not None:
+            restore_s = self.costs.restore_seconds(hit.entry.n_bytes)
+            if not self._restore_fits(plan, request, restore_s, now):
+                return Admission.NO_ROOM
+            slot = self.cache.choose_empty()
+            reused = min(hit.shared, request.prompt_len - 1)
         request.max_new_tokens = min(
             request.params.max_tokens, self.ctx_per_seq - request.prompt_len
         )
@@ -271,13 +399,26 @@ class Scheduler:
             return self._reserved + need + idle_elsewhere <= self.n_ctx
 
         while not fits():
-            trim = self.cache.evict_one(keep=slot)
-            if trim is None:
-                return False
-            plan.kv_trims.append(trim)
-        trim = self.cache.take(slot, reused, request.cache_key, request.cache_partition)
+            evicted = self.cache.evict_one(keep=slot)
+            if not evicted:
+                return Admission.NO_ROOM
+            plan.kv_ops.extend(evicted)
+        # What the slot holds beyond what is reused is saved first (warm memory on).
+        keep = 0 if hit is not None else reused
+        save = self.cache.save_before_dropping(slot, keep)
+        if save:
+            plan.kv_ops.append(save)
+        trim = self.cache.take(slot, keep, request.cache_key, request.cache_partition)
         if trim:
-            plan.kv_trims.append(trim)
+            plan.kv_ops.append(trim)
+        if hit is not None:
+            plan.kv_ops.append(KvRestore(slot.seq_id, request.id, hit.entry, hit.entry.data,
+                                         reused))  # fmt: skip
+            plan.restore_s += restore_s
+            self.tiers.touch(hit.entry)
+            request.cached_tier = "disk" if request.fetched else "ram"
+        elif reused:
+            request.cached_tier = "resident"
         self._reserved += need
         request.seq_id = slot.seq_id
         request.cached_tokens = reused
@@ -285,7 +426,46 @@ class Scheduler:
         request.admitted_at = now
         request.status = Status.PREFILLING
         self.running.append(request)
-        return True
+        return Admission.ADMITTED
+
+    def _kept_prefix(self, request: Request, reused: int) -> Hit | None:
+        """The tier entry to restore for `request` instead of reading its prompt, if any: the
+        one sharing the longest prefix, when restoring it is cheaper than reading what it adds
+        over the resident slot's `reused` tokens (tiers.costs)."""
+        if self.tiers is None:
+            return None
+        if request.lookup_ids is None:
+            request.lookup_ids = as_tokens(request.prompt_ids)
+        # As for another conversation's resident slot (prefix_cache.MIN_REUSE_FRACTION): an
+        # entry counts when at least half of it is the prompt's prefix, so a new conversation
+        # never restores a whole entry for the chat template's first tokens.
+        hit = self.tiers.lookup(request.cache_partition, request.lookup_ids, at_least=reused + 1,
+                                min_fraction=MIN_REUSE_FRACTION)  # fmt: skip
+        if hit is None:
+            return None
+        if hit.entry.pending == "read":
+            return hit  # another request fetches it already: wait for it too
+        gained = min(hit.shared, request.prompt_len - 1) - reused
+        per_token = self.budget.seconds_per_prompt_token()
+        if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, not hit.entry.in_ram, gained,
+                                              per_token):  # fmt: skip
+            return None
+        return hit
+
+    def _restore_fits(self, plan: StepPlan, request: Request, seconds: float, now: float) -> bool:
+        """Whether a restore of `seconds` fits this step: nobody reads a stream in it; or the
+        step stays within its target; or the decodes alone overrun it (the starvation guard's
+        case, budget.py 4.) and a person's restore costs no more than they do, as the guard's
+        prompt share would; or the request has waited the loose background target."""
+        if not plan.interactive:
+            return True
+        if self._room(plan, guard=False, extra_s=seconds) >= self.budget.min_chunk:
+            return True
+        starved = self.budget.tokens(plan.decodes, True, guard=False) <= plan.decodes
+        if starved and is_interactive(request):
+            if seconds <= self.budget.times.predict(plan.decodes):
+                return True
+        return now - request.accepted_at >= self.budget.background_itl_target
 
     # --- readings --------------------------------------------------------------------------
 

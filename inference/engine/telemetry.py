@@ -27,6 +27,7 @@ from collections import deque
 
 from inference.engine.generation import PRIORITIES
 from inference.engine.stats import distribution
+from inference.engine.tiers.entries import TIERS
 from inference.engine.windows import Windows
 
 LATENCY_BUCKETS = (
@@ -84,6 +85,11 @@ class Telemetry:
         self._served: deque[tuple[float, dict]] = deque()
         self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
         self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
+        # Warm memory since load: admissions by where their cached tokens came from ("miss":
+        # none), those tokens by tier, the seconds restoring took and the reading they saved.
+        self._reuse = {"admitted": dict.fromkeys((*TIERS, "miss"), 0),
+                       "tokens": dict.fromkeys(TIERS, 0),
+                       "restore_seconds": 0.0, "saved_seconds": 0.0}  # fmt: skip
 
     def record_step(
         self,
@@ -98,15 +104,16 @@ class Telemetry:
         interactive: bool = False,
         paused: int = 0,
         served: dict | None = None,
+        verify: int = 0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
-        tokens ran (`background_decode` of them background streams'), `output` tokens were
-        sampled (decodes and prompts that completed); `served`: tokens per (share, priority)."""
+        tokens ran (`background_decode` of them background streams', `verify` of them drafted
+        tokens being verified), `output` tokens were sampled (decodes, kept drafts and prompts
+        that completed); `served`: tokens per (share, priority)."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
-            self._recent_steps.append(
-                (now, decode, prompt, seconds, seqs, background_decode, interactive, paused)
-            )
+            self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
+                                       interactive, paused, verify, output))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -155,6 +162,25 @@ class Telemetry:
                 self._windows.record_end(time.perf_counter())
             if e2e is not None:
                 self._hist["e2e"].observe(e2e)
+
+    def record_reuse(
+        self, tier: str | None, tokens: int, restore_s: float, saved_s: float
+    ) -> None:
+        """A request admitted with `tokens` cached tokens from `tier` (None: none)."""
+        with self._lock:
+            reuse = self._reuse
+            if tier in TIERS and tokens:
+                reuse["admitted"][tier] += 1
+                reuse["tokens"][tier] += tokens
+                reuse["restore_seconds"] += restore_s
+                reuse["saved_seconds"] += saved_s
+            else:
+                reuse["admitted"]["miss"] += 1
+
+    def reuse(self) -> dict:
+        with self._lock:
+            return {key: dict(value) if isinstance(value, dict) else value
+                    for key, value in self._reuse.items()}  # fmt: skip
 
     def served(self, now: float) -> dict[tuple[str | None, str], int]:
         """Tokens served per (share, priority) over the window ending at `now`."""
@@ -212,5 +238,7 @@ class Telemetry:
                 "background": [s[5] for s in recent],  # decode tokens of background streams
                 "interactive": [s[6] for s in recent],
                 "paused": [s[7] for s in recent],
+                "verify": [s[8] for s in recent],  # drafted tokens verified (speculation)
+                "output": [s[9] for s in recent],
             },
         }

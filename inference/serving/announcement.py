@@ -1,7 +1,9 @@
 """What an inference worker tells the web side about itself, every heartbeat (split mode): the
 models it can serve (by sha256: each box finds its own files), the models it has loaded and
-their free slots, its load and its free memory. The router (inference.serving.routing) chooses
-a worker from these; the dashboard's boxes panel shows them.
+their free slots, its load and its free memory, and the conversations whose prompts it keeps
+(in a slot or a tier: inference.engine.tiers; digests, not the keys, at most MAX_WARM). The
+router (inference.serving.routing) chooses a worker from these; the dashboard's boxes panel
+shows them.
 
 Stored as JSON under split_protocol.announce_key(worker) with the heartbeat's TTL, so a worker
 that dies disappears from the announcements within seconds. `from_json` checks every field: a
@@ -14,6 +16,8 @@ from typing import Any
 
 SHA256_CHARS = 64
 MAX_NAME_CHARS = 200
+MAX_WARM = 1024  # conversations one announcement names
+DIGEST_CHARS = 16  # inference.engine.tiers.entries.conversation_digest
 
 
 @dataclass(slots=True, frozen=True)
@@ -50,6 +54,7 @@ class WorkerAnnouncement:
     ram_free_bytes: int
     vram_free_bytes: int | None  # None: no GPU
     time: float  # when it was taken (epoch seconds)
+    warm: tuple[str, ...] = ()  # digests of the conversations whose prompts it keeps
 
     def serves_sha(self, sha256: str) -> bool:
         return any(model.sha256 == sha256 for model in self.serves)
@@ -81,6 +86,7 @@ class WorkerAnnouncement:
             vram_free_bytes=None if data.get("vram_free_bytes") is None
             else _count(data, "vram_free_bytes"),
             time=_number(data, "time"),
+            warm=_digests(data.get("warm", [])),  # absent from a worker of an older version
         )  # fmt: skip
 
 
@@ -125,6 +131,15 @@ def _sha(data: dict, key: str, *, empty: bool = False) -> str:
     if not isinstance(value, str) or len(value) != SHA256_CHARS or value.strip("0123456789abcdef"):
         raise ValueError(f"{key} must be a lowercase hex sha256, got {value!r}")
     return value
+
+
+def _digests(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list) or len(value) > MAX_WARM:
+        raise ValueError(f"warm must be a list of at most {MAX_WARM} digests")
+    for item in value:
+        if not isinstance(item, str) or len(item) != DIGEST_CHARS or item.strip("0123456789abcdef"):
+            raise ValueError(f"warm holds {item!r}, not a conversation digest")
+    return tuple(value)
 
 
 def _served(item: object) -> ServedModel:

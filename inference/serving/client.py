@@ -36,12 +36,19 @@ from django.conf import settings
 from inference.engine import GenerationRequest
 from inference.engine.generation import Priority
 from inference.engine.host import EngineHost, ModelSpec
+from inference.serving import kept_prompts
 from inference.serving.announcement import WorkerAnnouncement
 from inference.serving.copies import ModelCopies
 from inference.serving.core import serve
 from inference.serving.embeds import EmbedJob, EmbedResult, embed
 from inference.serving.feed import worker_snapshot
-from inference.serving.hosting import make_host, make_supervisor
+from inference.serving.hosting import (
+    EMBEDDED,
+    make_host,
+    make_supervisor,
+    prompt_cache_config,
+    reload_previous,
+)
 from inference.serving.supervisor import RunnerSupervisor
 from inference.serving.tokens import TokenJob, TokenResult, tokens
 
@@ -62,6 +69,13 @@ class InferenceClient(Protocol):
     async def unload(self, name: str) -> bool: ...
     async def load(self, spec: ModelSpec) -> None: ...
     def unload_idle(self) -> list[str]: ...  # the models whose keep-alive ran out, unloaded
+    # Kept prompts (inference.engine.tiers) forgotten on every box: a partition's (a key or a
+    # user deleted), or with everything all of a model's (its page's button, its deletion).
+    async def forget_prompts(
+        self, *, partition: str | None = None, model: ModelSpec | None = None,
+        everything: bool = False,
+    ) -> int: ...  # fmt: skip
+    def reload_previous(self) -> None: ...  # at start: the models loaded before the last stop
     def snapshots(self) -> list[dict]: ...  # one per inference worker
     def announcements(self) -> list[WorkerAnnouncement]: ...  # the live workers; [] embedded
     copies: ModelCopies | None  # copying a model's file to another box; None embedded
@@ -129,6 +143,19 @@ class EmbeddedClient:
 
     def unload_idle(self) -> list[str]:
         return self.host.unload_idle()
+
+    async def forget_prompts(
+        self, *, partition: str | None = None, model: ModelSpec | None = None,
+        everything: bool = False,
+    ) -> int:  # fmt: skip
+        forgotten = await asyncio.to_thread(
+            kept_prompts.forget, self.host, prompt_cache_config(EMBEDDED).directory,
+            partition=partition, model=model, everything=everything,
+        )  # fmt: skip
+        return forgotten.total
+
+    def reload_previous(self) -> None:
+        reload_previous(self.host)
 
     def snapshots(self) -> list[dict]:
         return [worker_snapshot(self.host, "embedded", mode="embedded", supervisor=self.supervisor)]

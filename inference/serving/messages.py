@@ -7,12 +7,14 @@ assumed: the runner answers each Submit with Accepted or SubmitRefused carrying 
 events of many requests interleave on the same connection.
 
     supervisor → runner: Launch (first), then Submit, Cancel, SetPriority, Embed, Tokenize,
-                         Detokenize, SnapshotRequest, Shutdown
+                         Detokenize, ForgetPrompts, SnapshotRequest, Shutdown
     runner → supervisor: Ready or LoadFailed (first), then Accepted, SubmitRefused, engine events,
                          Embedded or EmbedFailed (the answer to an Embed),
                          Tokenized, Detokenized or TokensFailed (the answer to a Tokenize or
                          Detokenize),
-                         Snapshot (the answer to a SnapshotRequest), Stopped (after Shutdown)
+                         PromptsForgotten (the answer to a ForgetPrompts),
+                         Snapshot (the answer to a SnapshotRequest), Stopped (after Shutdown;
+                         the runner then writes its RAM tier of kept prompts to disk and exits)
 """
 
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from inference.engine.embedding import Embedding
 from inference.engine.generation import GenerationRequest, Priority
 from inference.engine.refusals import Refusal
+from inference.engine.tiers.config import PromptCacheConfig
 
 
 @dataclass(slots=True, frozen=True)
@@ -33,6 +36,8 @@ class Launch:
     max_queue: int
     log_level: str = "INFO"
     background_itl_target: float = 1.0  # the loose step target of background streams
+    prompt_cache: PromptCacheConfig | None = None  # warm memory (None: slots only)
+    speculative: str = "auto"  # the box's SPECULATIVE_DECODING: off, auto or always
 
 
 @dataclass(slots=True, frozen=True)
@@ -136,6 +141,22 @@ class Detokenized:
 class TokensFailed:
     request_id: str
     refusal: Refusal
+
+
+@dataclass(slots=True, frozen=True)
+class ForgetPrompts:
+    """Drop the kept prompts of a partition (everything: of all) in every tier and idle slot
+    (Engine.forget_prompts); answered by PromptsForgotten with the same request id."""
+
+    request_id: str
+    partition: str | None = None
+    everything: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class PromptsForgotten:
+    request_id: str
+    entries: int  # tier entries dropped (-1: the engine had stopped)
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,14 +7,17 @@ The rules, in order (vLLM's production stack and llm-d route the same way: model
 prefix, then load):
 1. The conversation's worker (the last one to claim a turn of it), while it is alive and has the
    model loaded: its KV holds the conversation, so the next turn reads only its new tokens.
+   Else a worker with the model loaded that announces the conversation kept (in a slot or one
+   of its tiers, inference.engine.tiers): a kept prompt counts like a resident one (reason
+   KEPT).
 2. A worker with the model loaded, the least loaded first: running and waiting sequences per
    slot. A loaded model stays the one copy, unless all its copies are full (no free slot, and
    requests waiting in their engines) while another worker has the file and room: that worker
    loads a second copy (rule 3's choice, reason SECOND_COPY).
 3. A worker that has the file (by sha256) and room for it: announced free memory (VRAM where it
    has a GPU, else RAM) at least the file's size; the worker's own preflight
-   (inference.planning.preflight) still checks the whole estimate when it loads. Most free
-   memory first.
+   (inference.planning.preflight) still checks the whole estimate when it loads. One that keeps
+   the conversation's prompts first (its load restores them), then the most free memory.
 4. Else a refusal that names the model and why no worker can take it.
 
 A model without a known digest (its hash job has not run yet) cannot be found by content: any
@@ -30,12 +33,13 @@ from inference.engine.refusals import RefusalKind, Refused
 from inference.serving.announcement import LoadedModel, WorkerAnnouncement
 
 CONVERSATION = "conversation"  # rule 1
+KEPT = "kept prompt"  # rule 1, by a worker's announced kept conversations
 LOADED = "loaded"  # rule 2
 SECOND_COPY = "second copy"  # rule 2's exception
 CAN_LOAD = "can load"  # rule 3
 BY_PATH = "by path"  # rule 3 for a model whose digest is unknown
 SHARED_QUEUE = "shared queue"  # nobody announced yet
-REASONS = (CONVERSATION, LOADED, SECOND_COPY, CAN_LOAD, BY_PATH, SHARED_QUEUE)
+REASONS = (CONVERSATION, KEPT, LOADED, SECOND_COPY, CAN_LOAD, BY_PATH, SHARED_QUEUE)
 
 
 @dataclass(slots=True, frozen=True)
@@ -51,6 +55,7 @@ class Wanted:
 
     name: str
     sha256: str = ""
+    conversation: str = ""  # its conversation's digest (tiers.entries), "" for none
 
 
 class NoRoute(Refused, LookupError):
@@ -75,6 +80,10 @@ def route(
     for worker, _ in holders:
         if worker.worker == affinity:
             return Route(worker.worker, worker.queue, CONVERSATION)
+    keeping = [(w, m) for w, m in holders if model.conversation and model.conversation in w.warm]
+    if keeping:
+        worker, _ = min(keeping, key=lambda pair: _load(*pair))
+        return Route(worker.worker, worker.queue, KEPT)
     # 2.
     if holders:
         worker, copy = min(holders, key=lambda pair: _load(*pair))
@@ -86,6 +95,8 @@ def route(
         return Route(worker.worker, worker.queue, LOADED)
     # 3.
     able = _can_load(workers, model)
+    if model.conversation:  # a worker that keeps its prompts first (sorted() is stable)
+        able = sorted(able, key=lambda w: model.conversation not in w.warm)
     if able:
         return Route(able[0].worker, able[0].queue, CAN_LOAD if model.sha256 else BY_PATH)
     # 4.

@@ -1,21 +1,28 @@
 """A runner process: one loaded model, its engine, and nothing else. The only kind of process
 that imports llama_cpp (through the runner factory it is told to use).
 
-    python -m inference.serving.runner_main FD
+    python -m inference.serving.runner_main FD [--preload MODULE]
 
 FD is this end of a socket pair its supervisor made (inference.serving.runner_process). The
 runner reads Launch, loads the model, warms it up (so a CPU that cannot run this build's
 kernels dies now, at load, and not in someone's answer), answers Ready, then serves:
 
 1. the main thread reads Submit / Cancel / SetPriority / Embed / Tokenize / Detokenize /
-   SnapshotRequest / Shutdown, and answers each Submit and SnapshotRequest at once (a snapshot
+   ForgetPrompts / SnapshotRequest / Shutdown, and answers each Submit and SnapshotRequest at
+   once (a snapshot
    only reads counters: it never waits for a step); an Embed is checked and tokenized here and
    answered when the engine thread has computed it, between two steps; a Tokenize or
    Detokenize is checked here and answered when the engine thread has computed it;
 2. the engine thread sends every event of every request the moment it happens.
 
+With warm memory on (Launch.prompt_cache), the runner keeps prompts in its tiers
+(inference.engine.tiers): its disk tier is indexed before Ready, and when it stops (a Shutdown,
+or its supervisor gone) what its idle slots hold goes into the RAM tier, the model is freed, and
+only then is the RAM tier written to disk (at most PromptCacheConfig.flush_s): an unload costs
+the next load nothing, and loses nothing.
+
 When the supervisor goes away (its end of the connection closes), the runner stops: no runner
-outlives the process that started it. It imports no Django.
+outlives the process that started it by more than that flush. It imports no Django.
 """
 
 import importlib
@@ -27,6 +34,8 @@ import time
 from multiprocessing.connection import Connection
 
 from inference.engine import Engine, Refused
+from inference.engine.speculation.policy import Speculation
+from inference.engine.tiers.config import open_store
 from inference.serving import messages as m
 
 log = logging.getLogger("inference.runner")
@@ -55,10 +64,15 @@ def load_runner(launch: m.Launch):
 
 def warm_up(engine: Engine) -> None:
     """The runner's warm-up decode, if it has one, on the engine's own thread (where every
-    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it)."""
+    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it); then,
+    with speculation on, its calibration: the cost of steps by size (runner.calibrate)."""
     warm = getattr(engine.runner, "warm_up", None)
     if warm is not None:
         engine.on_engine_thread(warm).result()
+    calibrate = getattr(engine.runner, "calibrate", None)
+    if calibrate is not None and engine.speculation is not None and engine.speculation.enabled:
+        for tokens, seconds in engine.on_engine_thread(calibrate).result():
+            engine.budget.times.calibrate(tokens, seconds)
 
 
 def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:
@@ -108,6 +122,18 @@ def tokens(engine: Engine, message: m.Tokenize | m.Detokenize, outbox: Outbox) -
         future.add_done_callback(answer)
 
 
+def forget(engine: Engine, message: m.ForgetPrompts, outbox: Outbox) -> None:
+    """Start a ForgetPrompts; its answer goes out when the engine thread has done it."""
+
+    def answer(future) -> None:
+        entries = -1 if future.exception() is not None else future.result()
+        outbox.send(m.PromptsForgotten(message.request_id, entries))
+
+    engine.forget_prompts(message.partition, everything=message.everything).add_done_callback(
+        answer
+    )
+
+
 def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
     while True:
         try:
@@ -133,6 +159,8 @@ def serve(conn: Connection, outbox: Outbox, engine: Engine) -> None:
             embed(engine, message, outbox)
         elif isinstance(message, m.Tokenize | m.Detokenize):
             tokens(engine, message, outbox)
+        elif isinstance(message, m.ForgetPrompts):
+            forget(engine, message, outbox)
         elif isinstance(message, m.SnapshotRequest):
             outbox.send(m.Snapshot(message.serial, engine.snapshot()))
         elif isinstance(message, m.Shutdown):
@@ -150,9 +178,11 @@ def run(conn: Connection) -> None:
     started = time.perf_counter()
     engine = None
     try:
+        runner = load_runner(launch)
         engine = Engine(
-            load_runner(launch), itl_target=launch.itl_target, max_queue=launch.max_queue,
+            runner, itl_target=launch.itl_target, max_queue=launch.max_queue,
             background_itl_target=launch.background_itl_target, name=launch.name,
+            prompts=kept_prompts(launch, runner), speculation=speculation(launch),
         ).start()  # fmt: skip
         warm_up(engine)
     except Exception as exc:  # noqa: BLE001 - a clean refusal; a native fault kills us instead
@@ -166,12 +196,42 @@ def run(conn: Connection) -> None:
         serve(conn, outbox, engine)
     finally:
         engine.shutdown(timeout=5)  # a no-op after a Shutdown; the runner closes once
+        if launch.prompt_cache is not None:
+            written = engine.persist_prompts(launch.prompt_cache.flush_s)
+            if written:
+                log.info("%s: %d kept prompts written to disk", launch.name, written)
+
+
+def speculation(launch: m.Launch) -> Speculation:
+    """The box's mode (SPECULATIVE_DECODING), turned off where the model's setting says so."""
+    mode = launch.speculative
+    if getattr(launch.config, "speculative", "auto") == "off":
+        mode = "off"
+    return Speculation(mode)
+
+
+def kept_prompts(launch: m.Launch, runner):
+    """The runner's tiers (inference.engine.tiers), or None: warm memory off, or a runner
+    without save and restore. A disk tier that cannot be opened leaves RAM only."""
+    if launch.prompt_cache is None or not hasattr(runner, "save"):
+        return None
+    try:
+        return open_store(launch.prompt_cache, launch.config, runner)
+    except Exception as exc:  # noqa: BLE001 - serving without warm memory beats not serving
+        log.warning("%s: kept prompts are off: %s", launch.name, exc)
+        return None
 
 
 def main(argv: list[str]) -> None:
     conn = Connection(int(argv[1]))
+    if "--preload" in argv:
+        # A spare runner (RunnerSupervisor): what a load imports first, done before it is
+        # asked for one, so a load started in it skips an interpreter's start and its imports.
+        importlib.import_module(argv[argv.index("--preload") + 1])
     try:
         run(conn)
+    except EOFError:  # a spare let go of without a Launch
+        pass
     finally:
         conn.close()
 

@@ -13,6 +13,10 @@ as it kept in-process engines. Behind it:
 - when the connection ends without a Shutdown (the runner died: any signal, any exit), every
   request it held ends at once with an ErrorEvent that says how ("killed by signal 11 (SIGSEGV)
   during decode"), and `exit` records it for the supervisor.
+
+`shutdown()` returns once the runner says Stopped (its engine stopped, its model freed) and has
+had STOP_GRACE_S to exit: a runner still writing its kept prompts to disk then exits by itself
+(runner_main; the reader records the exit), so an unload never waits for that flush.
 """
 
 import logging
@@ -34,6 +38,7 @@ from inference.engine import EngineStopped, GenerationRequest
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
 from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.refusals import Refusal, RefusalKind, Refused
+from inference.engine.tiers.config import PromptCacheConfig
 from inference.engine.tokens import Tokens
 from inference.serving import messages as m
 
@@ -43,6 +48,7 @@ DEFAULT_RUNNER_FACTORY = "inference.engine.runner:LlamaRunner"
 LOAD_TIMEOUT_S = 600.0  # a large model from a slow disk takes minutes
 SUBMIT_TIMEOUT_S = 30.0  # the runner answers a submit after tokenizing the prompt
 SNAPSHOT_TIMEOUT_S = 0.5
+STOP_GRACE_S = 2.0  # after Stopped: what a stop waits for the process to exit
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -95,6 +101,45 @@ _WHILE = {
 }  # fmt: skip
 
 
+@dataclass(slots=True)
+class Spawned:
+    """A runner interpreter and the supervisor's end of its connection, before its Launch."""
+
+    process: subprocess.Popen
+    conn: Connection
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def discard(self) -> None:
+        self.conn.close()  # a spare reads EOF instead of a Launch, and exits
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def spawn(preload: str = "") -> Spawned:
+    """A fresh runner interpreter (`python -m inference.serving.runner_main FD`), waiting for its
+    Launch. `preload`: a module it imports meanwhile (a spare runner: SPARE_PRELOAD)."""
+    parent, child = socket.socketpair()
+    env = dict(os.environ)
+    # The project root first: the runner imports the same code as this process.
+    paths = [str(PROJECT_ROOT), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    command = [sys.executable, "-m", "inference.serving.runner_main", str(child.fileno())]
+    try:
+        process = subprocess.Popen(
+            command + (["--preload", preload] if preload else []),
+            pass_fds=(child.fileno(),), env=env, cwd=str(PROJECT_ROOT),
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        child.close()
+    return Spawned(process, Connection(parent.detach()))
+
+
 class _Pending:
     """A submit waiting for the runner's Accepted or SubmitRefused."""
 
@@ -117,13 +162,16 @@ class RunnerProcess:
         runner_factory: str = DEFAULT_RUNNER_FACTORY,
         load_timeout: float = LOAD_TIMEOUT_S,
         log_level: str | None = None,
+        prompt_cache: PromptCacheConfig | None = None,
+        speculative: str = "auto",
     ):
         self.name = name
         self.config = config
         self.launch = m.Launch(
             name, config, runner_factory, itl_target, max_queue,
             log_level or logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-            background_itl_target=background_itl_target,
+            background_itl_target=background_itl_target, prompt_cache=prompt_cache,
+            speculative=speculative,
         )  # fmt: skip
         self.load_timeout = load_timeout
         self.on_exit: Callable[[RunnerProcess, RunnerExit], None] | None = None
@@ -146,6 +194,8 @@ class RunnerProcess:
         self._early: dict[str, list[Event]] = {}  # events that overtook their Accepted
         self._embeds: dict[str, Future] = {}  # Embeds sent and not yet answered
         self._token_asks: dict[str, Future] = {}  # Tokenizes and Detokenizes not yet answered
+        self._forgets: dict[str, Future] = {}  # ForgetPrompts not yet answered
+        self._stopped = threading.Event()  # Stopped arrived, or the connection ended
         self._reader: threading.Thread | None = None
         self._ready = threading.Event()
         self._load_failure: str | None = None
@@ -153,23 +203,12 @@ class RunnerProcess:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "RunnerProcess":
-        """Start the runner and wait until the model is loaded. Raises RunnerLoadError."""
-        parent, child = socket.socketpair()
-        env = dict(os.environ)
-        # The project root first: the runner imports the same code as this process.
-        paths = [str(PROJECT_ROOT), env.get("PYTHONPATH")]
-        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "inference.serving.runner_main", str(child.fileno())],
-                pass_fds=(child.fileno(),), env=env, cwd=str(PROJECT_ROOT),
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        finally:
-            child.close()
+    def start(self, spare: "Spawned | None" = None) -> "RunnerProcess":
+        """Start the runner (in `spare`, an interpreter started beforehand, when given and
+        still alive) and wait until the model is loaded. Raises RunnerLoadError."""
+        spawned = spare if spare is not None and spare.alive else spawn()
+        self._proc, self._conn = spawned.process, spawned.conn
         self.pid = self._proc.pid
-        self._conn = Connection(parent.detach())
         self._send(self.launch)
         self._reader = threading.Thread(target=self._read, name=f"runner-{self.name}", daemon=True)
         self._reader.start()
@@ -192,12 +231,16 @@ class RunnerProcess:
             return
         if self.exit is None:
             self._send(m.Shutdown(timeout))
-        try:
-            self._proc.wait(timeout + 5)
-        except subprocess.TimeoutExpired:
+        if not self._stopped.wait(timeout + 5):
             log.warning("runner for %s did not stop; killing it", self.name)
             self._kill()
             self._proc.wait(5)
+        try:
+            self._proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            log.info("runner for %s stopped; it exits once its kept prompts are on disk",
+                     self.name)  # fmt: skip
+            return
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(10)  # its exit record and callbacks are done when this returns
 
@@ -264,6 +307,18 @@ class RunnerProcess:
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids in the runner (Engine.detokenize there); a Future of a str."""
         return self._ask_tokens(lambda rid: m.Detokenize(rid, tuple(ids)))
+
+    def forget_prompts(self, partition: str | None = None, *, everything: bool = False) -> Future:
+        """Engine.forget_prompts in the runner; the Future's result is the entries dropped, or
+        EngineStopped if the runner stops first."""
+        request_id = uuid.uuid4().hex
+        future: Future = Future()
+        with self._lock:
+            if not self.alive:
+                raise EngineStopped(self._stopped_message())
+            self._forgets[request_id] = future
+        self._send(m.ForgetPrompts(request_id, partition, everything))
+        return future
 
     def _ask_tokens(self, message: Callable[[str], object]) -> Future:
         request_id = uuid.uuid4().hex
@@ -344,9 +399,18 @@ class RunnerProcess:
                 elif isinstance(message, m.LoadFailed):
                     self._load_failure = message.message
                     self._ready.set()
+                elif isinstance(message, m.PromptsForgotten):
+                    with self._lock:
+                        future = self._forgets.pop(message.request_id, None)
+                    if future is not None and not future.done():
+                        if message.entries < 0:
+                            future.set_exception(EngineStopped(self._stopped_message()))
+                        else:
+                            future.set_result(message.entries)
                 elif isinstance(message, m.Stopped):
                     with self._lock:
                         self._stopping = True
+                    self._stopped.set()
         except (EOFError, OSError):
             pass
         except Exception:  # noqa: BLE001 - a garbled message: treat the runner as lost
@@ -424,8 +488,9 @@ class RunnerProcess:
             pending = list(self._pending.values())
             embeds = list(self._embeds.values())
             self._embeds.clear()
-            token_asks = list(self._token_asks.values())
+            token_asks = list(self._token_asks.values()) + list(self._forgets.values())
             self._token_asks.clear()
+            self._forgets.clear()
             self._handles.clear()
             self._pending.clear()
             self._early.clear()
@@ -445,6 +510,7 @@ class RunnerProcess:
             waiting.refusal = Refusal(RefusalKind.UNAVAILABLE, self._stopped_message())
             waiting.done.set()
         self._ready.set()  # a start() still waiting learns of the death
+        self._stopped.set()  # and a shutdown() waiting for Stopped
         with self._lock:
             waits = list(self._snapshot_waits.values())
         for answered in waits:

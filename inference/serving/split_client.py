@@ -46,6 +46,7 @@ from inference.engine import GenerationRequest
 from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused, error_event
+from inference.engine.tiers.entries import conversation_digest
 from inference.serving import split_protocol as protocol
 from inference.serving.announcement import WorkerAnnouncement
 from inference.serving.copies import ModelCopies
@@ -216,7 +217,9 @@ class SplitClient:
         layer = self._layer()
         reply = await layer.new_channel()
         payload = {"request": request.to_wire(), "spec": spec.to_wire(), "reply": reply}
-        state = _Stream(rid, "inference.generate", payload, Wanted(spec.name, spec.sha256),
+        wanted = Wanted(spec.name, spec.sha256,
+                        conversation_digest(request.cache_key) if request.cache_key else "")
+        state = _Stream(rid, "inference.generate", payload, wanted,
                         cache_key=request.cache_key)  # fmt: skip
         self._streams[rid] = state
         published = False
@@ -532,6 +535,24 @@ class SplitClient:
         if not unloaded:
             self._raise_failures(answers)
         return unloaded
+
+    async def forget_prompts(
+        self, *, partition: str | None = None, model: ModelSpec | None = None,
+        everything: bool = False,
+    ) -> int:  # fmt: skip
+        """Every worker forgets them on its own box (inference.serving.kept_prompts); the
+        entries forgotten, all workers together. No worker up: nothing to forget."""
+        command = {"op": "forget", "partition": partition, "everything": everything,
+                   "spec": model.to_wire() if model is not None else None}  # fmt: skip
+        try:
+            answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
+        except NoWorker:
+            return 0
+        self._raise_failures(answers)
+        return sum(int(a.get("result") or 0) for a in answers if a.get("ok"))
+
+    def reload_previous(self) -> None:
+        """Each inference worker loads again what it had loaded (WorkerRuntime.start)."""
 
     def unload_idle(self) -> list[str]:
         """Every worker sweeps its own host already; this is the safety net on the beat's

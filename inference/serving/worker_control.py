@@ -4,6 +4,8 @@ Command (JSON on appliance:control); one with "worker": <name> is for that worke
     {"op": "load", "spec": ModelSpec.to_wire(), "reply": "appliance:control:reply:<hex>",
      "worker": <the router's choice>}
     {"op": "unload", "name": "<model>", "reply": ...}
+    {"op": "forget", "partition": str | null, "spec": ModelSpec.to_wire() | null,
+     "everything": bool, "reply": ...}   (kept prompts: inference.serving.kept_prompts)
 Each worker RPUSHes one answer onto the reply list:
     {"worker": name, "ok": true, "result": <bool for unload, true for load>}
     {"worker": name, "ok": false, "error": <a RefusalKind>, "message": str}
@@ -17,6 +19,7 @@ import redis
 
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.refusals import RefusalKind, Refused
+from inference.serving import kept_prompts
 from inference.serving import split_protocol as keys
 
 log = logging.getLogger(__name__)
@@ -30,10 +33,12 @@ def _same(spec: ModelSpec) -> ModelSpec:
 
 
 def run_command(
-    host: EngineHost, worker: str, command: dict, resolve: Callable[[ModelSpec], ModelSpec] = _same
-) -> dict:
+    host: EngineHost, worker: str, command: dict, resolve: Callable[[ModelSpec], ModelSpec] = _same,
+    prompts_dir: str = "",
+) -> dict:  # fmt: skip
     """Execute one command on this worker's host; every outcome is an answer, never a raise.
-    `resolve`: the spec with this box's own copy of the model (WorkerRuntime.local_spec)."""
+    `resolve`: the spec with this box's own copy of the model (WorkerRuntime.local_spec);
+    `prompts_dir`: this worker's directory of kept prompts."""
     op = command.get("op")
     try:
         if op == "load":
@@ -44,6 +49,8 @@ def run_command(
             if not isinstance(name, str) or not name:
                 raise ValueError("unload needs a model name")
             result = host.unload(name)
+        elif op == "forget":
+            result = _forget(host, command, resolve, prompts_dir)
         else:
             raise ValueError(f"unknown control operation {op!r}")
     except Exception as exc:  # noqa: BLE001 - a failed load is an answer for the dashboard
@@ -55,9 +62,25 @@ def run_command(
     return {"worker": worker, "ok": True, "result": result}
 
 
+def _forget(host: EngineHost, command: dict, resolve, prompts_dir: str) -> int:
+    partition = command.get("partition")
+    if partition is not None and (not isinstance(partition, str) or len(partition) > 128):
+        raise ValueError("a partition is a short string")
+    everything = command.get("everything") is True
+    model = None
+    if command.get("spec") is not None:
+        try:
+            model = resolve(ModelSpec.from_wire(command["spec"]))
+        except Refused:  # no copy of the model on this box: only its files could be here
+            model = ModelSpec.from_wire(command["spec"])
+    return kept_prompts.forget(host, prompts_dir, partition=partition, model=model,
+                               everything=everything).total  # fmt: skip
+
+
 def execute_control(
     host: EngineHost, worker: str, client: redis.Redis, command: dict,
     resolve: Callable[[ModelSpec], ModelSpec] = _same, announce: Callable[[], None] | None = None,
+    prompts_dir: str = "",
 ) -> None:  # fmt: skip
     """Run a command and answer it; `announce` (the worker's) runs before the answer, so the
     router already sees what a load or an unload changed when the asker goes on."""
@@ -66,7 +89,7 @@ def execute_control(
     if not isinstance(reply, str) or not reply.startswith(REPLY_PREFIX) or len(reply) > 200:
         log.warning("ignoring a control command without a valid reply key")
         return
-    answer = run_command(host, worker, command, resolve)
+    answer = run_command(host, worker, command, resolve, prompts_dir)
     if announce is not None:
         try:
             announce()

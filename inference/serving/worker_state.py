@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import redis
@@ -39,11 +40,13 @@ from inference.engine.events import RequestHandle
 from inference.engine.generation import Priority
 from inference.engine.host import ModelSpec
 from inference.engine.refusals import RefusalKind, Refused
+from inference.engine.tiers import files
+from inference.engine.tiers.entries import conversation_digest
 from inference.planning.machine import free_gpu_bytes, gpu_readings
 from inference.serving import split_protocol as keys
-from inference.serving.announcement import LoadedModel, WorkerAnnouncement
+from inference.serving.announcement import MAX_WARM, LoadedModel, WorkerAnnouncement
 from inference.serving.feed import publish, worker_snapshot
-from inference.serving.hosting import make_host, make_supervisor
+from inference.serving.hosting import make_host, make_supervisor, reload_previous
 from inference.serving.model_index import ModelIndex
 from inference.serving.worker_control import execute_control
 
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_REDIS_ERROR_S = 1.0
 INDEX_REFRESH_S = 30.0  # a model file copied onto the box is announced within this
+DISK_WARM_EVERY_S = 30.0  # the kept conversations on disk are read again after this
 
 
 class NoCopy(Refused, LookupError):
@@ -108,18 +112,21 @@ class WorkerRuntime:
             [settings.MODELS_DIR], [path for _, path in packaged_models()],
             cache_file=settings.DATA_DIR / "model-index.json",
         )  # fmt: skip
-        self.supervisor = make_supervisor()
-        self.host = make_host(self.supervisor)
+        self.supervisor = make_supervisor(name)
+        self.host = make_host(self.supervisor, name)
         self._running: dict[str, Running] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._indexed = threading.Event()  # the first pass over the model files is done
         self._threads: list[threading.Thread] = []
+        self._disk_warm: list[str] = []
+        self._disk_warm_at = -DISK_WARM_EVERY_S
 
     # --- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> "WorkerRuntime":
         self.host.start_sweeper()
+        reload_previous(self.host, self.name, resolve=self.local_spec)
         self._beat()  # visible at once, before the first task can be claimed
         for target, label in (
             (self._heartbeat_loop, "heartbeat"),
@@ -146,6 +153,7 @@ class WorkerRuntime:
         for thread in self._threads:
             thread.join(timeout=3)
         self.host.shutdown()
+        self.supervisor.close()
 
     # --- requests --------------------------------------------------------------------------------
 
@@ -267,14 +275,27 @@ class WorkerRuntime:
             # every box that could load it.
             loaded.append(LoadedModel(self.host.loading, "", 0, 1, 1, 0, self.waiting_count()))
         gpus = gpu_readings({os.getpid(), *self.supervisor.pids()})
+        warm = [digest for snap in snapshots.values()
+                for digest in (snap.get("prompt_cache") or {}).get("conversations") or []]
+        warm = list(dict.fromkeys([*warm, *self._kept_on_disk()]))[:MAX_WARM]
         return WorkerAnnouncement(
             worker=self.name, instance=self.instance, host=self.hostname, queue=self.queue,
             serves=self.index.served(), loaded=tuple(loaded),
             queue_depth=self.waiting_count(), running=self.running_count(),
             ram_free_bytes=psutil.virtual_memory().available,
             vram_free_bytes=free_gpu_bytes(gpus),
-            time=time.time(),
+            time=time.time(), warm=tuple(warm),
         )  # fmt: skip
+
+    def _kept_on_disk(self) -> list[str]:
+        """Digests of the conversations this worker keeps on disk, models loaded or not; read
+        at most every DISK_WARM_EVERY_S (a header per file)."""
+        now = time.monotonic()
+        if now - self._disk_warm_at >= DISK_WARM_EVERY_S:
+            self._disk_warm_at = now
+            keys = files.conversations(Path(self.supervisor.prompt_cache.directory), MAX_WARM)
+            self._disk_warm = [conversation_digest(key) for key in keys]
+        return self._disk_warm
 
     def _announce(self) -> None:
         self.redis.set(keys.announce_key(self.name), self.announcement().to_json(),
@@ -369,6 +390,7 @@ class WorkerRuntime:
             return  # addressed to another worker (a load goes to the one the router chose)
         threading.Thread(
             target=execute_control, args=(self.host, self.name, self.redis, command),
-            kwargs={"resolve": self.local_spec, "announce": self._announce},
+            kwargs={"resolve": self.local_spec, "announce": self._announce,
+                    "prompts_dir": self.supervisor.prompt_cache.directory},
             name=f"control-{self.name}", daemon=True,
         ).start()  # fmt: skip

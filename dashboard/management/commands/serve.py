@@ -29,6 +29,10 @@ class Command(BaseCommand):
             call_command("bootstrap")
         mode = "split (Redis)" if settings.SPLIT_MODE else "embedded"
         self.stdout.write(f"serving on http://{host}:{port}/ in {mode} mode")
+        if not settings.SPLIT_MODE:  # split mode: each inference worker reloads its own
+            from inference.serving.client import get_client
+
+            get_client().reload_previous()  # the models loaded at the last stop, in the background
 
         from appliance.asgi import application
 

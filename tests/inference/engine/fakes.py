@@ -12,6 +12,7 @@ The next token is a deterministic function of the sequence's KV, so a request ge
 whatever runs beside it, and a wrong KV (a bad trim, a wrong position) changes the output.
 """
 
+import json
 import math
 import threading
 import time
@@ -71,6 +72,9 @@ class FakeRunner:
         self.scripts: dict[str, list[int]] = {}  # request id -> its outputs, in order
         self.fail_for: set[str] = set()  # request ids whose step raises, as a decode error would
         self.fail_trim = False  # trim() raises: a bug in the engine's own machinery
+        self.refuse_restore = False  # restore() refuses every state, as llama.cpp may
+        self.saves: list[int] = []  # seq ids, one per save()
+        self.restores: list[tuple[int, int]] = []  # (seq id, tokens restored)
         self.gate: threading.Event | None = None  # when set up, execute() waits for it
         self.logprobs_asked: list[str] = []  # request ids, one per logprobs() call
         self.executing = threading.Event()  # set while execute() runs
@@ -133,13 +137,40 @@ class FakeRunner:
                 self.trims.append(trim)
                 del self.kv[trim.seq_id][trim.start :]
 
-    def execute(self, chunks: list[Chunk]) -> list[int]:
+    state_format = "fake 1"
+
+    def continues(self, seq_id: int, position: int) -> bool:
+        with self._lock:
+            return len(self.kv[seq_id]) == position
+
+    def save(self, seq_id: int) -> bytearray:
+        """A sequence's KV as bytes: its token ids, tagged so that a wrong state is refused."""
+        with self._lock:
+            self.saves.append(seq_id)
+            return bytearray(json.dumps({"fake-kv": self.kv[seq_id]}).encode())
+
+    def restore(self, seq_id: int, data: bytearray) -> bool:
+        with self._lock:
+            self.kv[seq_id] = []
+            if self.refuse_restore:
+                return False
+            try:
+                tokens = json.loads(bytes(data))["fake-kv"]
+            except (ValueError, KeyError, TypeError):
+                return False
+            if len(tokens) > self.ctx_per_seq:
+                self._violation(f"a restore of {len(tokens)} tokens > {self.ctx_per_seq}")
+            self.kv[seq_id] = list(tokens)
+            self.restores.append((seq_id, len(tokens)))
+            return True
+
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]:
         self.executing.set()
         try:
             if self.gate is not None:
                 self.gate.wait(10)
             started = time.perf_counter()
-            n_tokens = sum(len(c.tokens) for c in chunks)
+            n_tokens = sum(c.size for c in chunks)
             if self.overhead or self.per_token:
                 time.sleep(self.overhead + self.per_token * n_tokens)
             for chunk in chunks:
@@ -152,7 +183,7 @@ class FakeRunner:
         finally:
             self.executing.clear()
 
-    def _run(self, chunks: list[Chunk], n_tokens: int) -> list[int]:
+    def _run(self, chunks: list[Chunk], n_tokens: int) -> list[list[int]]:
         if n_tokens > self.n_batch:
             self._violation(f"a step of {n_tokens} tokens exceeds n_batch {self.n_batch}")
         seqs = [c.request.seq_id for c in chunks]
@@ -169,22 +200,32 @@ class FakeRunner:
                     f"holds {len(kv)} tokens"
                 )
             kv.extend(chunk.tokens)
+            known = list(kv)  # what the model has read when it samples the first token
+            kv.extend(chunk.draft)
             if len(kv) > self.ctx_per_seq:
                 self._violation(f"seq {request.seq_id} holds {len(kv)} > {self.ctx_per_seq}")
-            record.append(
-                (request.id, request.seq_id, chunk.start, len(chunk.tokens), chunk.sample)
-            )
+            record.append((request.id, request.seq_id, chunk.start, chunk.size, chunk.sample))
             if chunk.sample:
+                # As the runner verifies a draft: the model's token at each drafted position
+                # while it agrees, then the first that differs (or the one after them all).
                 script = self.scripts.get(request.id)
                 index = len(request.output_ids)
-                sampled.append(script[index] if script and index < len(script) else next_token(kv))
+                tokens = []
+                for guess in (*chunk.draft, None):
+                    at = index + len(tokens)
+                    tokens.append(script[at] if script and at < len(script)
+                                  else next_token(known))  # fmt: skip
+                    if tokens[-1] != guess:
+                        break
+                    known.append(guess)
+                sampled.append(tokens)
         used = sum(len(kv) for kv in self.kv.values())
         if used > self.n_ctx:
             self._violation(f"{used} KV cells used > n_ctx {self.n_ctx}")
         self.steps.append(record)
         return sampled
 
-    def logprobs(self, request: Request, token: int) -> StepLogprobs:
+    def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs:
         """The fake model's distribution: the sampled token at 1/2, the next ids at 1/4, 1/8..."""
         self.logprobs_asked.append(request.id)
 

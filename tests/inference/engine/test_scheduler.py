@@ -84,7 +84,7 @@ class Driver:
         self.fake.trim(plan.kv_trims)
         sampled = self.fake.execute(plan.chunks) if plan.chunks else []
         assert len(sampled) == sum(c.sample for c in plan.chunks)
-        self.update(plan, sampled)
+        self.update(plan, [tokens[0] for tokens in sampled])
         self.plans.append(plan)
         return plan
 

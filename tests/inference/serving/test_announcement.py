@@ -24,6 +24,14 @@ def test_it_survives_json_unchanged():
     assert WorkerAnnouncement.from_json(sent.to_json()) == sent
 
 
+def test_it_names_the_conversations_it_keeps_by_digest_and_reads_a_worker_without_any():
+    sent = announcement(warm=("0123456789abcdef",))
+    assert WorkerAnnouncement.from_json(sent.to_json()).warm == ("0123456789abcdef",)
+    older = json.loads(announcement().to_json())
+    del older["warm"]
+    assert WorkerAnnouncement.from_json(json.dumps(older)).warm == ()
+
+
 def test_it_tells_served_and_loaded_models_by_digest():
     sent = announcement()
     assert sent.serves_sha(SHA) and not sent.serves_sha("cd" * 32)
@@ -44,6 +52,9 @@ def test_it_tells_served_and_loaded_models_by_digest():
         {"serves": [{"sha256": SHA.upper(), "size_bytes": 1}]},
         {"loaded": [{"name": "x", "sha256": SHA}]},
         {"loaded": "smollm2"},
+        {"warm": ["conv-1"]},
+        {"warm": "0123456789abcdef"},
+        {"warm": ["0123456789abcdef"] * 1025},
     ],
 )
 def test_it_refuses_a_garbled_field(change):

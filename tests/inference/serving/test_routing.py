@@ -9,6 +9,7 @@ from inference.serving.routing import (
     BY_PATH,
     CAN_LOAD,
     CONVERSATION,
+    KEPT,
     LOADED,
     SECOND_COPY,
     SHARED_QUEUE,
@@ -23,11 +24,12 @@ GB = 10**9
 MODEL = Wanted("smollm2", SHA)
 
 
-def box(name, *, serves=(SHA,), loaded=(), ram=8 * GB, vram=None, running=0, size=GB):
+def box(name, *, serves=(SHA,), loaded=(), ram=8 * GB, vram=None, running=0, size=GB, warm=()):
     return WorkerAnnouncement(
         worker=name, instance="i-" + name, host=name, queue=f"inference.{name}",
         serves=tuple(ServedModel(sha, size) for sha in serves), loaded=tuple(loaded),
         queue_depth=0, running=running, ram_free_bytes=ram, vram_free_bytes=vram, time=0.0,
+        warm=tuple(warm),
     )  # fmt: skip
 
 
@@ -142,3 +144,32 @@ def test_no_room_anywhere_is_refused_with_the_sizes():
     assert refused.value.message == (
         "smollm2 (3.0 GB) fits on no inference worker that has it: a has 0.5 GB free"
     )
+
+
+# --- kept prompts (warm memory) ---------------------------------------------------------------
+
+TALK = "0123456789abcdef"  # a conversation's digest
+TALKING = Wanted("smollm2", SHA, TALK)
+
+
+def test_a_worker_that_keeps_the_conversation_counts_like_its_own_worker():
+    workers = [box("a", loaded=[copy()]), box("b", loaded=[copy(running=2)], warm=[TALK])]
+    chosen = go(workers, model=TALKING)  # its affinity expired: the announcement still knows
+    assert (chosen.worker, chosen.reason) == ("b", KEPT)
+
+
+def test_the_conversations_own_worker_still_comes_first():
+    workers = [box("a", loaded=[copy()]), box("b", loaded=[copy()], warm=[TALK])]
+    assert go(workers, model=TALKING, affinity="a").reason == CONVERSATION
+
+
+def test_kept_prompts_on_a_worker_without_the_model_loaded_do_not_beat_a_loaded_copy():
+    workers = [box("a", loaded=[copy()]), box("b", warm=[TALK])]
+    assert (go(workers, model=TALKING).worker, go(workers, model=TALKING).reason) == ("a", LOADED)
+
+
+def test_among_workers_that_can_load_it_the_one_keeping_the_conversation_loads_it():
+    workers = [box("a", ram=16 * GB), box("b", ram=4 * GB, warm=[TALK])]
+    chosen = go(workers, model=TALKING)
+    assert (chosen.worker, chosen.reason) == ("b", CAN_LOAD)
+    assert go(workers).worker == "a"  # without the conversation: the most free memory

@@ -1,0 +1,100 @@
+"""What a kept prompt is: the KV state of one sequence, the token ids it holds, whose it is.
+
+An entry is restored only into a context whose `KvLayout` is the one it was saved from: the
+same model file (by content and, against a file replaced under the same name, by size and
+modification time) and every load setting that shapes the KV (context per sequence, KV type,
+flash attention, which puts V transposed or not, GPU offload, the llama.cpp state format).
+"""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+TIERS = ("resident", "ram", "disk")  # where a request's cached tokens came from
+
+
+@dataclass(slots=True, frozen=True)
+class KvLayout:
+    """Everything that must match exactly for a saved state to be handed to llama.cpp."""
+
+    model: str  # the file's sha256, or "file:" + its path when not hashed yet
+    file_size: int
+    file_mtime_ns: int
+    ctx_per_seq: int
+    kv_type: str
+    flash_attn: bool
+    n_gpu_layers: int
+    state_format: str  # llama-cpp-python's version and llama.cpp's state version
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def digest(self) -> str:
+        """A short name for this layout (its directory on disk)."""
+        text = json.dumps(self.as_dict(), sort_keys=True).encode()
+        return hashlib.sha256(text).hexdigest()[:16]
+
+    @property
+    def model_key(self) -> str:
+        return model_key(self.model)
+
+
+def model_key(model: str) -> str:
+    """A model's directory name: its sha256, or a hash of "file:<path>" before it has one."""
+    if len(model) == 64 and all(c in "0123456789abcdef" for c in model):
+        return model
+    return "path-" + hashlib.sha256(model.encode()).hexdigest()[:32]
+
+
+@dataclass(slots=True, eq=False)
+class KvEntry:
+    """One kept sequence. In RAM while `data` holds its state, on disk while `on_disk`; both
+    at once after a spill that is kept in RAM, or a fetch from disk."""
+
+    id: str
+    partition: str | None  # whose it is (an app's key, a person): only they may reuse it
+    cache_key: str | None  # its conversation, for the router and the figures
+    tokens: np.ndarray  # int32: the token ids whose KV the state holds
+    n_bytes: int  # the state's size
+    last_used: int = 0  # the store's use counter: LRU order without clock reads
+    data: bytearray | None = None
+    on_disk: bool = False
+    pending: str | None = None  # "write" or "read": the disk thread has it in hand
+    dropped: bool = False  # forgotten or evicted while the disk thread had it
+    restores: int = field(default=0)
+    read_seconds: float = 0.0  # what its last read from disk took
+    rereads: int = 0  # reads queued again because RAM was full of spills in flight
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def in_ram(self) -> bool:
+        return self.data is not None
+
+    @property
+    def tier(self) -> str:
+        return "ram" if self.data is not None else "disk"
+
+
+def conversation_digest(cache_key: str) -> str:
+    """A conversation's name as workers announce what they keep (split mode's router): short,
+    and not the key itself."""
+    return hashlib.sha256(cache_key.encode()).hexdigest()[:16]
+
+
+def as_tokens(ids) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int32)
+
+
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading token ids `a` and `b` have in common."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    different = np.flatnonzero(a[:n] != b[:n])
+    return int(different[0]) if different.size else n

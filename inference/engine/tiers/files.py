@@ -1,0 +1,284 @@
+"""One kept prompt on disk, and the directory of a model's kept prompts.
+
+An entry file:
+
+    b"APKV"  u16 format  u16 0  u32 header length  header (JSON)  u32 crc32 of the header
+    token ids (int32, little-endian)  payload (llama.cpp's sequence state)
+
+The header names the layout (entries.KvLayout), the partition and conversation, the token
+count and their crc32, the payload's length and crc32. `read_header` accepts a file only when
+its header parses, its checksum holds, its layout is exactly the expected one, its size is
+exactly what the header says and its token ids match their checksum; `read_payload` only when
+the payload matches its checksum. Anything else raises BadEntry, and the caller deletes the
+file: it is never handed to llama.cpp. Files are written under a temporary name and renamed,
+so a runner killed mid-write leaves a `.tmp` file (removed at the next open), never a short
+entry under a real name.
+
+The directory of one model and layout is `<root>/<model key>/<layout digest>/`; a runner holds
+an exclusive lock on it (`lock`) while it is loaded, so two runners never write one directory
+and a page forgetting prompts never deletes files a runner is using.
+"""
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inference.engine.tiers.entries import KvEntry, KvLayout
+
+MAGIC = b"APKV"
+FORMAT = 1
+SUFFIX = ".kv"
+LOCK_NAME = ".lock"
+MAX_HEADER = 64 << 10  # partition and key are bounded (GenerationRequest), so this is ample
+_PREFIX = struct.Struct("<4sHHI")  # magic, format, reserved, header length
+_CRC = struct.Struct("<I")
+
+
+class BadEntry(ValueError):
+    """A file that is not an entry of this layout, is short, or fails a checksum."""
+
+
+@dataclass(slots=True, frozen=True)
+class EntryHeader:
+    id: str
+    partition: str | None
+    cache_key: str | None
+    tokens: np.ndarray
+    payload_bytes: int
+    payload_crc: int
+    payload_offset: int
+
+
+def entry_path(directory: Path, entry_id: str) -> Path:
+    return directory / f"{entry_id}{SUFFIX}"
+
+
+def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) -> int:
+    """Write `entry` with its state `data`; returns the bytes written. Raises OSError (a full
+    disk: the temporary file is removed and nothing is left behind)."""
+    tokens = np.ascontiguousarray(entry.tokens, dtype="<i4").tobytes()
+    header = json.dumps({
+        "layout": layout.as_dict(),
+        "id": entry.id,
+        "partition": entry.partition,
+        "cache_key": entry.cache_key,
+        "n_tokens": entry.n_tokens,
+        "tokens_crc": zlib.crc32(tokens),
+        "payload_bytes": len(data),
+        "payload_crc": zlib.crc32(data),
+    }, sort_keys=True).encode()  # fmt: skip
+    final = entry_path(directory, entry.id)
+    temporary = final.with_suffix(".tmp")
+    try:
+        with open(temporary, "wb") as out:
+            out.write(_PREFIX.pack(MAGIC, FORMAT, 0, len(header)))
+            out.write(header)
+            out.write(_CRC.pack(zlib.crc32(header)))
+            out.write(tokens)
+            out.write(data)
+        os.replace(temporary, final)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return _PREFIX.size + len(header) + _CRC.size + len(tokens) + len(data)
+
+
+def read_header(path: Path, layout: KvLayout) -> EntryHeader:
+    """The header and token ids of an entry file, checked (module doc); raises BadEntry."""
+    try:
+        with open(path, "rb") as source:
+            size = os.fstat(source.fileno()).st_size
+            prefix = source.read(_PREFIX.size)
+            if len(prefix) != _PREFIX.size:
+                raise BadEntry("shorter than its header")
+            magic, version, _, header_len = _PREFIX.unpack(prefix)
+            if magic != MAGIC or version != FORMAT:
+                raise BadEntry("not an entry of this format")
+            if header_len > MAX_HEADER:
+                raise BadEntry("its header is too large")
+            header = source.read(header_len)
+            crc = source.read(_CRC.size)
+            if len(header) != header_len or len(crc) != _CRC.size:
+                raise BadEntry("shorter than its header")
+            if _CRC.unpack(crc)[0] != zlib.crc32(header):
+                raise BadEntry("its header fails its checksum")
+            fields = json.loads(header)
+            if fields.get("layout") != layout.as_dict():
+                raise BadEntry("saved with another model file or other load settings")
+            n_tokens, payload_bytes = _count(fields, "n_tokens"), _count(fields, "payload_bytes")
+            offset = _PREFIX.size + header_len + _CRC.size + 4 * n_tokens
+            if size != offset + payload_bytes:
+                raise BadEntry(f"{size} bytes where its header says {offset + payload_bytes}")
+            raw = source.read(4 * n_tokens)
+            if len(raw) != 4 * n_tokens or zlib.crc32(raw) != fields.get("tokens_crc"):
+                raise BadEntry("its token ids fail their checksum")
+            return EntryHeader(
+                id=_text(fields, "id", required=True), partition=_text(fields, "partition"),
+                cache_key=_text(fields, "cache_key"),
+                tokens=np.frombuffer(raw, dtype="<i4").astype(np.int32),
+                payload_bytes=payload_bytes, payload_crc=_count(fields, "payload_crc"),
+                payload_offset=offset,
+            )  # fmt: skip
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, BadEntry):
+            raise
+        if isinstance(exc, FileNotFoundError):
+            raise BadEntry("it is gone") from None
+        raise BadEntry(f"unreadable: {exc}") from None
+
+
+def read_payload(path: Path, layout: KvLayout, entry: KvEntry) -> bytearray:
+    """The entry's state, read whole and checked against the header's checksum and the entry
+    as it was indexed; raises BadEntry (deleted, replaced, truncated or corrupted meanwhile)."""
+    header = read_header(path, layout)
+    if header.payload_bytes != entry.n_bytes or not np.array_equal(header.tokens, entry.tokens):
+        raise BadEntry("it no longer holds what was indexed")
+    data = bytearray(header.payload_bytes)
+    try:
+        with open(path, "rb") as source:
+            source.seek(header.payload_offset)
+            if source.readinto(data) != header.payload_bytes:
+                raise BadEntry("its payload is short")
+    except OSError as exc:
+        raise BadEntry(f"unreadable: {exc}") from None
+    if zlib.crc32(data) != header.payload_crc:
+        raise BadEntry("its payload fails its checksum")
+    return data
+
+
+def lock(directory: Path):
+    """An exclusive lock on a layout directory (the open file holds it), or None when another
+    process holds it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = open(directory / LOCK_NAME, "a+b")  # noqa: SIM115 - held for the runner's life
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    return handle
+
+
+def mark(handle, state: str) -> None:
+    """Write the lock holder's state ("serving", "flushing") into its lock file."""
+    handle.seek(0)
+    handle.truncate()
+    handle.write(state.encode())
+    handle.flush()
+
+
+def marked(directory: Path) -> str:
+    """The state the lock holder wrote ("" when none)."""
+    try:
+        return (directory / LOCK_NAME).read_text()[:16]
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def is_locked(directory: Path) -> bool:
+    """Whether a runner holds this layout directory now."""
+    if not directory.is_dir():
+        return False
+    handle = lock(directory)
+    if handle is None:
+        return True
+    handle.close()
+    return False
+
+
+def forget(worker_dir: Path, *, model_key: str | None = None, partition: str | None = None,
+           everything: bool = False) -> int:  # fmt: skip
+    """Delete kept prompts under a worker's directory that no runner holds: a model's
+    (`model_key`), a partition's (`partition`), or with `everything` all of the model's (or of
+    every model); returns the entries deleted. A directory a runner holds is its runner's to
+    forget (Engine.forget_prompts)."""
+    models = [Path(worker_dir) / model_key] if model_key else sorted(Path(worker_dir).glob("*"))
+    deleted = 0
+    for model_dir in models:
+        for directory in sorted(model_dir.glob("*")):
+            if not directory.is_dir() or is_locked(directory):
+                continue
+            for path in entry_files(directory):
+                if everything or _partition_of(path) in (partition, _UNREADABLE):
+                    path.unlink(missing_ok=True)
+                    deleted += 1
+            if everything:
+                shutil.rmtree(directory, ignore_errors=True)
+        if everything and model_dir.is_dir() and not any(model_dir.iterdir()):
+            model_dir.rmdir()
+    return deleted
+
+
+def conversations(worker_dir: Path, limit: int) -> list[str]:
+    """The conversations (cache keys) kept on disk under a worker's directory, the most
+    recently written first, at most `limit`."""
+    paths = []
+    for path in Path(worker_dir).glob(f"*/*/*{SUFFIX}"):
+        try:
+            paths.append((path.stat().st_mtime_ns, path))
+        except FileNotFoundError:
+            continue
+    keys: dict[str, None] = {}
+    for _, path in sorted(paths, reverse=True):
+        header = _header_of(path)
+        key = header.get("cache_key") if isinstance(header, dict) else None
+        if isinstance(key, str) and key:
+            keys[key] = None
+            if len(keys) >= limit:
+                break
+    return list(keys)
+
+
+_UNREADABLE = object()
+
+
+def _partition_of(path: Path):
+    """An entry's partition from its header alone (any layout), or _UNREADABLE."""
+    header = _header_of(path)
+    return header.get("partition") if isinstance(header, dict) else _UNREADABLE
+
+
+def _header_of(path: Path) -> dict | None:
+    """An entry's header fields, unchecked (any layout); None when it is not an entry."""
+    try:
+        with open(path, "rb") as source:
+            magic, version, _, header_len = _PREFIX.unpack(source.read(_PREFIX.size))
+            if magic != MAGIC or version != FORMAT or header_len > MAX_HEADER:
+                return None
+            fields = json.loads(source.read(header_len))
+            return fields if isinstance(fields, dict) else None
+    except (OSError, ValueError, struct.error):
+        return None
+
+
+def entry_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == SUFFIX)
+    except FileNotFoundError:
+        return []
+
+
+def _count(fields: dict, key: str) -> int:
+    value = fields.get(key)
+    if type(value) is not int or value < 0:
+        raise BadEntry(f"its header's {key} is not a count")
+    return value
+
+
+def _text(fields: dict, key: str, *, required: bool = False) -> str | None:
+    value = fields.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise BadEntry(f"its header's {key} is not a name")
+    return value

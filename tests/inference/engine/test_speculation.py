@@ -1,0 +1,119 @@
+"""Speculation in the engine, on the fake runner: an answer is token for token what it is
+without it, stops and limits cut a run of kept drafts exactly, and the KV left behind is
+exactly the answer's (the next turn reuses it)."""
+
+import pytest
+
+from inference.engine.engine import Engine
+from inference.engine.params import SamplingParams
+from inference.engine.speculation.policy import Speculation
+
+from .fakes import EOG, FakeRunner, ask, char_tokens
+
+# The answer copies a line of its prompt: prompt lookup drafts it.
+LINES = "Lights: kitchen, hall, garage, attic, porch, cellar.\n"
+PROMPT = "Repeat the list twice.\n" + LINES
+ANSWER = LINES + LINES
+
+
+def run(mode: str | None, params: SamplingParams, *, script: str = ANSWER, eog: bool = True,
+        rid: str = "a", prompt: str = PROMPT, engine=None, **fields):  # fmt: skip
+    """One answer (the fake model scripted to say `script`, then end); its final event, the
+    runner and the engine."""
+    if engine is None:
+        fake = FakeRunner(n_slots=2, n_ctx=1024, ctx_per_seq=512, n_batch=64)
+        engine = Engine(fake, itl_target=1.0,
+                        speculation=Speculation(mode) if mode else None).start()  # fmt: skip
+    engine.runner.scripts[rid] = char_tokens(script) + ([EOG] if eog else [])
+    events = list(engine.submit(ask(prompt, params, request_id=rid, **fields)).events(timeout=10))
+    return events, engine
+
+
+def stepped(engine, rid: str) -> int:
+    return len(engine.runner.chunks_of(rid))
+
+
+@pytest.fixture
+def engines():
+    made = []
+    yield made
+    for engine in made:
+        engine.shutdown()
+        assert engine.runner.violations == []
+
+
+def test_a_predictable_answer_is_the_same_in_fewer_steps(engines):
+    params = SamplingParams(max_tokens=200)
+    plain, off = run(None, params)
+    fast, on = run("always", params)
+    engines += [off, on]
+    assert fast[-1].text == plain[-1].text == ANSWER
+    assert stepped(on, "a") < stepped(off, "a") / 3
+    figures = fast[-1].figures
+    assert figures["drafted"] > figures["draft_accepted"] > len(ANSWER) // 2
+    assert plain[-1].figures["drafted"] == 0
+    tokens = [e.token_id for e in fast if e.type == "token"]
+    assert tokens == [e.token_id for e in plain if e.type == "token"]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=200, stop=["garage"]),  # a stop string inside a kept run
+    SamplingParams(max_tokens=61),  # max_tokens inside a kept run
+    SamplingParams(max_tokens=200, stop=["porch, cel"]),
+])  # fmt: skip
+def test_stops_and_limits_cut_a_run_exactly_where_they_would_without_it(engines, params):
+    plain, off = run(None, params)
+    fast, on = run("always", params)
+    engines += [off, on]
+    assert fast[-1].text == plain[-1].text
+    assert fast[-1].finish_reason == plain[-1].finish_reason
+    assert fast[-1].figures["output_tokens"] == plain[-1].figures["output_tokens"]
+    assert fast[-1].figures["draft_accepted"] > 0
+
+
+def test_the_end_of_generation_inside_a_run_ends_it(engines):
+    script = LINES + "kitchen, hall"  # then EOG, where the prompt goes on with ", garage"
+    plain, off = run(None, SamplingParams(max_tokens=200), script=script)
+    fast, on = run("always", SamplingParams(max_tokens=200), script=script)
+    engines += [off, on]
+    assert fast[-1].text == plain[-1].text == script and fast[-1].finish_reason == "stop"
+
+
+def test_the_next_turn_reuses_exactly_the_kv_the_answer_left(engines):
+    first, on = run("always", SamplingParams(max_tokens=200), cache_key="c")
+    engines.append(on)
+    follow = PROMPT + first[-1].text + "Once more.\n"
+    second, _ = run("always", SamplingParams(max_tokens=60), engine=on, rid="b",
+                    prompt=follow, script=LINES, cache_key="c")  # fmt: skip
+    # The KV kept: the prompt and every answer token (the last was fed to sample the end).
+    assert second[-1].figures["cached_tokens"] == len(PROMPT) + len(ANSWER)
+    assert second[-1].text == LINES
+
+
+def test_every_token_of_a_run_carries_its_own_logprobs(engines):
+    fast, on = run("always", SamplingParams(max_tokens=40, logprobs=2))
+    engines.append(on)
+    tokens = [e for e in fast if e.type == "token" and e.token_id >= 0]
+    assert len(tokens) == 40 and all(len(e.logprobs.top) == 2 for e in tokens)
+    assert [e.logprobs.chosen.token_id for e in tokens] == [e.token_id for e in tokens]
+
+
+def test_auto_drafts_nothing_for_unpredictable_text_where_each_token_costs_a_step(engines):
+    fake = FakeRunner(n_slots=2, n_ctx=1024, ctx_per_seq=512, n_batch=64, per_token=0.002)
+    engine = Engine(fake, itl_target=1.0, speculation=Speculation("auto")).start()
+    engines.append(engine)
+    for n in range(4):  # the fake model's own text: a hash of what came before, not a copy
+        handle = engine.submit(ask(f"{n} " + PROMPT * (n + 1), SamplingParams(max_tokens=60)))
+        list(handle.events(timeout=10))
+    reading = engine.snapshot()["speculation"]
+    assert reading["verify_tokens"] == 0 and reading["drafted"] == 0
+
+
+def test_the_snapshot_and_the_step_log_tell_what_speculation_did(engines):
+    fast, on = run("always", SamplingParams(max_tokens=200))
+    engines.append(on)
+    snap = on.snapshot()
+    assert snap["speculation"]["drafted"] == fast[-1].figures["drafted"]
+    assert snap["speculation"]["accepted"] == fast[-1].figures["draft_accepted"]
+    assert sum(snap["steps"]["verify"]) == fast[-1].figures["drafted"]
+    assert max(snap["steps"]["output"]) > 1  # steps that gave a stream several tokens

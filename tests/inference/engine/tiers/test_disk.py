@@ -1,0 +1,175 @@
+"""The disk tier at open and under faults: a killed runner's leftovers, entries of other settings,
+a directory another runner holds, a full disk, files deleted or corrupted behind its back."""
+
+import dataclasses
+import errno
+import logging
+import threading
+import time
+
+import numpy as np
+
+from inference.engine.tiers import PromptStore, files
+from inference.engine.tiers.disk import DiskTier
+
+from .conftest import entry
+
+
+def ids(n: int, start: int = 0) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+def spilled(tmp_path, layout, count: int = 3) -> list:
+    """Entries written by a store that then stopped (its flush)."""
+    store = PromptStore(1 << 20, DiskTier(tmp_path, layout, 1 << 30)).open()
+    kept = [store.put("p", f"c{n}", list(ids(20, 100 * n)), bytearray(b"x" * 500))
+            for n in range(count)]  # fmt: skip
+    store.flush(10)
+    store.close()
+    return kept
+
+
+def opened(tmp_path, layout, ram: int = 1 << 20) -> PromptStore:
+    store = PromptStore(ram, DiskTier(tmp_path, layout, 1 << 30)).open()
+    store.fetched = threading.Event()
+    store.on_fetched = lambda result: store.fetched.set()
+    return store
+
+
+def test_open_indexes_what_a_stopped_runner_left(tmp_path, layout):
+    kept = spilled(tmp_path, layout)
+    store = opened(tmp_path, layout)
+    assert {e.id for e in store.held()} == {e.id for e in kept}
+    assert all(e.on_disk and not e.in_ram for e in store.held())
+    store.close()
+
+
+def test_open_removes_leftovers_and_corrupt_entries_with_a_log_line(tmp_path, layout, caplog):
+    kept = spilled(tmp_path, layout)
+    directory = tmp_path / layout.model_key / layout.digest
+    (directory / "half-written.tmp").write_bytes(b"partial")
+    broken = files.entry_path(directory, kept[0].id)
+    broken.write_bytes(broken.read_bytes()[:-10])  # truncated
+    with caplog.at_level(logging.WARNING):
+        store = opened(tmp_path, layout)
+    assert {e.id for e in store.held()} == {kept[1].id, kept[2].id}
+    assert not broken.exists() and not (directory / "half-written.tmp").exists()
+    assert "deleting kept prompt" in caplog.text
+    store.close()
+
+
+def test_entries_saved_with_other_settings_are_deleted_unread(tmp_path, layout):
+    spilled(tmp_path, layout)
+    other = dataclasses.replace(layout, ctx_per_seq=4096)
+    store = opened(tmp_path, other)
+    assert store.held() == []
+    assert [p.name for p in (tmp_path / layout.model_key).iterdir()] == [other.digest]
+    store.close()
+
+
+def test_a_model_file_replaced_under_the_same_name_finds_nothing(tmp_path, layout):
+    spilled(tmp_path, layout)
+    replaced = dataclasses.replace(layout, file_size=layout.file_size + 1, file_mtime_ns=99)
+    store = opened(tmp_path, replaced)
+    assert store.held() == []
+    store.close()
+
+
+def test_a_directory_another_runner_holds_leaves_ram_only(tmp_path, layout, caplog):
+    first = opened(tmp_path, layout)
+    with caplog.at_level(logging.WARNING):
+        second = opened(tmp_path, layout)
+    assert first.disk is not None and second.disk is None
+    assert "another runner holds" in caplog.text
+    assert second.put("p", "c", list(ids(20)), bytearray(b"y" * 100)) is not None  # RAM works
+    first.close()
+    second.close()
+
+
+def test_a_full_disk_while_spilling_drops_the_entry_with_a_log_line(
+    tmp_path, layout, monkeypatch, caplog
+):
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files, "write_entry", full)
+    store = opened(tmp_path, layout, ram=1_000)
+    with caplog.at_level(logging.WARNING):
+        for n in range(4):
+            store.put("p", f"c{n}", list(ids(20, 100 * n)), bytearray(b"z" * 400))
+        assert store.disk.drain(10)
+    stats = store.stats()
+    assert stats["spill_failed"] >= 2 and stats["disk"]["bytes"] == 0
+    assert stats["ram"]["bytes"] <= 1_000
+    assert "could not spill" in caplog.text and "No space left" in caplog.text
+    assert list((tmp_path / layout.model_key / layout.digest).glob("*.kv")) == []
+    store.close()
+
+
+def test_an_entry_deleted_behind_its_back_is_dropped_at_fetch(tmp_path, layout, caplog):
+    kept = spilled(tmp_path, layout)
+    store = opened(tmp_path, layout)
+    gone = next(e for e in store.held() if e.id == kept[0].id)
+    files.entry_path(store.disk.directory, gone.id).unlink()
+    with caplog.at_level(logging.WARNING):
+        assert store.fetch(gone)
+        assert store.fetched.wait(10)
+    assert gone.dropped and store.counts["unreadable"] == 1
+    assert "is unusable (it is gone)" in caplog.text
+    store.close()
+
+
+def test_an_entry_corrupted_behind_its_back_is_never_handed_over(tmp_path, layout, caplog):
+    kept = spilled(tmp_path, layout)
+    store = opened(tmp_path, layout)
+    bad = next(e for e in store.held() if e.id == kept[1].id)
+    path = files.entry_path(store.disk.directory, bad.id)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x55
+    path.write_bytes(raw)
+    with caplog.at_level(logging.WARNING):
+        store.fetch(bad)
+        assert store.fetched.wait(10)
+    assert bad.data is None and bad.dropped and not path.exists()
+    assert "fails its checksum" in caplog.text
+    store.close()
+
+
+def test_other_models_make_room_under_the_shared_bound(tmp_path, layout):
+    other = dataclasses.replace(layout, model="cd" * 32)
+    spilled(tmp_path, other, count=6)  # 6 entries of ~600 bytes
+    disk = DiskTier(tmp_path, layout, bound=2_000)
+    assert disk.open() == []
+    left = list((tmp_path / other.model_key).glob("*/*.kv"))
+    assert sum(p.stat().st_size for p in left) <= 1_000  # half the bound is this model's
+    assert disk.budget >= 1_000
+    disk.close()
+
+
+def test_entry_files_written_for_another_entry_id_are_removed(tmp_path, layout):
+    directory = tmp_path / layout.model_key / layout.digest
+    directory.mkdir(parents=True)
+    files.write_entry(directory, layout, entry(list(range(20)), entry_id="real"), b"q" * 10)
+    (directory / "real.kv").rename(directory / "alias.kv")
+    store = opened(tmp_path, layout)
+    assert store.held() == [] and not (directory / "alias.kv").exists()
+    store.close()
+
+
+def test_a_runner_started_while_the_last_one_writes_to_disk_takes_its_directory_over(
+    tmp_path, layout
+):
+    stopping = opened(tmp_path, layout)
+    stopping.put("p", "c", list(ids(20)), bytearray(b"w" * 300))
+    stopping.disk.flushing()  # as flush() says at a stop, before it writes
+    starting = opened(tmp_path, layout)
+    assert starting.disk is None  # RAM only, for now
+    stopping.flush(10)
+    stopping.close()
+    deadline = time.monotonic() + 5
+    while starting.disk is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert starting.disk is not None
+    hit = starting.lookup("p", ids(25))
+    assert hit is not None and hit.shared == 20 and hit.entry.on_disk
+    starting.close()

@@ -1,0 +1,134 @@
+"""The two tiers' bookkeeping: what is kept, for whom, within which bounds."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from inference.engine.tiers import PromptStore
+from inference.engine.tiers.disk import DiskTier
+
+
+def ids(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def state(n: int) -> bytearray:
+    return bytearray(b"s" * n)
+
+
+def disk_store(tmp_path, layout, ram: int, disk: int = 1 << 30) -> PromptStore:
+    store = PromptStore(ram, DiskTier(tmp_path, layout, disk)).open()
+    fetched = threading.Event()
+    store.on_fetched = lambda result: fetched.set()
+    store.fetched = fetched
+    return store
+
+
+def test_a_lookup_finds_the_longest_prefix_of_its_own_partition_only():
+    store = PromptStore(1 << 20)
+    store.put("apikey:1", "a", ids(40), state(100))
+    store.put("apikey:1", "b", ids(30) + ids(50, 1000), state(100))
+    prompt = np.asarray(ids(45), dtype=np.int32)
+    hit = store.lookup("apikey:1", prompt)
+    assert hit.shared == 40 and hit.entry.cache_key == "a"
+    assert store.lookup("apikey:2", prompt) is None  # the same prompt, another app: nothing
+    assert store.lookup(None, prompt) is None
+
+
+def test_an_entry_that_a_kept_one_covers_is_not_kept_twice():
+    store = PromptStore(1 << 20)
+    first = store.put("p", "c", ids(40), state(100))
+    assert store.put("p", "c", ids(30), state(100)) is None  # a prefix of what is kept
+    longer = store.put("p", "c", ids(60), state(100))  # holds all of the first and more
+    assert [e.id for e in store.held()] == [longer.id] and first.dropped
+    assert store.covers("p", ids(50)) and not store.covers("q", ids(50))
+
+
+def test_short_sequences_and_states_larger_than_the_bound_are_not_kept():
+    store = PromptStore(1000)
+    assert store.put("p", None, ids(5), state(100)) is None
+    assert store.put("p", None, ids(40), state(1001)) is None
+    assert store.held() == []
+
+
+def test_the_ram_tier_never_holds_more_than_its_bound_without_a_disk():
+    store = PromptStore(10_000)
+    for n in range(50):
+        store.put("p", f"c{n}", ids(20, 100 * n), state(1_500))
+        assert store.ram_used <= 10_000
+    assert store.ram_peak <= 10_000
+    held = store.held()
+    assert len(held) == 6 and store.counts["dropped"] == 44
+    # The least recently used went first: the last six remain.
+    assert sorted(e.cache_key for e in held) == sorted(f"c{n}" for n in range(44, 50))
+
+
+def test_the_ram_tier_holds_its_bound_while_spilling_to_disk(tmp_path, layout):
+    store = disk_store(tmp_path, layout, ram=10_000)
+    for n in range(40):
+        store.put("p", f"c{n}", ids(20, 100 * n), state(1_500))
+        assert store.ram_used <= 10_000
+    assert store.disk.drain(10)
+    stats = store.stats()
+    assert stats["ram"]["peak"] <= 10_000 and stats["dropped"] == 0
+    assert stats["ram"]["entries"] + stats["disk"]["entries"] == 40
+    assert len(list(store.disk.directory.glob("*.kv"))) == stats["disk"]["entries"]
+    store.close()
+
+
+def test_a_spilled_entry_comes_back_from_disk_whole(tmp_path, layout):
+    store = disk_store(tmp_path, layout, ram=4_000)
+    first = store.put("p", "first", ids(20), bytearray(b"first-state" * 100))
+    for n in range(1, 4):  # push it out of RAM
+        store.put("p", f"c{n}", ids(20, 100 * n), state(1_500))
+    assert store.disk.drain(10)
+    assert not first.in_ram and first.on_disk
+    assert store.fetch(first)
+    assert store.fetched.wait(10)
+    assert first.in_ram and first.data == bytearray(b"first-state" * 100)
+    assert store.ram_used <= 4_000
+    store.close()
+
+
+def test_the_disk_tier_holds_its_bound(tmp_path, layout):
+    store = disk_store(tmp_path, layout, ram=2_000, disk=5_000)
+    for n in range(20):
+        store.put("p", f"c{n}", ids(20, 100 * n), state(1_000))
+        assert store.disk_used <= 5_000
+    assert store.disk.drain(10)
+    on_disk = sum(f.stat().st_size - 1_000 for f in store.disk.directory.glob("*.kv"))
+    assert store.stats()["disk"]["entries"] <= 5 and on_disk >= 0
+    store.close()
+
+
+def test_forgetting_a_partition_drops_it_from_both_tiers(tmp_path, layout):
+    store = disk_store(tmp_path, layout, ram=3_000)
+    for n in range(4):
+        store.put("apikey:1", f"a{n}", ids(20, 100 * n), state(1_000))
+        store.put("apikey:2", f"b{n}", ids(20, 100 * n), state(1_000))
+    assert store.disk.drain(10)
+    assert store.forget("apikey:1") == 4
+    assert store.disk.drain(10)
+    assert {e.partition for e in store.held()} == {"apikey:2"}
+    assert store.lookup("apikey:1", np.asarray(ids(20), dtype=np.int32)) is None
+    left = {store.disk.directory / f"{e.id}.kv" for e in store.held() if e.on_disk}
+    assert set(store.disk.directory.glob("*.kv")) == left
+    store.close()
+
+
+def test_a_flush_writes_what_ram_holds_and_a_new_store_finds_it(tmp_path, layout):
+    store = disk_store(tmp_path, layout, ram=1 << 20)
+    for n in range(3):
+        store.put("p", f"c{n}", ids(20, 100 * n), state(500))
+    assert store.flush(10) == 3
+    store.close()
+    again = disk_store(tmp_path, layout, ram=1 << 20)
+    hit = again.lookup("p", np.asarray(ids(25, 200), dtype=np.int32))
+    assert hit.shared == 20 and hit.entry.cache_key == "c2" and not hit.entry.in_ram
+    again.close()
+
+
+def test_a_negative_bound_is_refused():
+    with pytest.raises(ValueError):
+        PromptStore(-1)
