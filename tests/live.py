@@ -73,6 +73,17 @@ class LiveAppliance:
         self.stop()
         raise RuntimeError(f"the server did not come up:\n{self.log_tail()}")
 
+    def runner_processes(self) -> list:
+        """The runner processes holding a model (their pids as /healthz gives them), children
+        of this server: a spare runner waiting for its next load holds none and is not one."""
+        import psutil
+
+        health = httpx.get(f"{self.url}/healthz", timeout=10).json()
+        pids = {runner["pid"] for worker in health.get("workers", [])
+                for runner in worker.get("runners", []) if runner.get("pid")}  # fmt: skip
+        children = psutil.Process(self.process.pid).children()
+        return [child for child in children if child.pid in pids]
+
     @property
     def log_path(self) -> Path:
         return self.data_dir / f"serve-{self.port}.log"

@@ -15,7 +15,6 @@ from tests.dashboard.api.server import STARTER, Appliance, prepare
 
 pytestmark = pytest.mark.model
 
-RUNNER_MODULE = "inference.serving.runner_main"
 # Home Assistant's instructions and part of a home's entities: ~700 tokens of the starter model.
 SYSTEM = INSTRUCTIONS + "\n" + entities()[:2200]
 
@@ -59,8 +58,7 @@ def unload(live: Appliance) -> None:
 
 
 def the_runner(live: Appliance) -> psutil.Process:
-    web = psutil.Process(live.process.pid)
-    (runner,) = [c for c in web.children() if RUNNER_MODULE in " ".join(c.cmdline())]
+    (runner,) = live.runner_processes()
     return runner
 
 

@@ -31,8 +31,10 @@ def live(tmp_path_factory, starter_path) -> Appliance:
 
 
 def runners(live: Appliance) -> list[psutil.Process]:
-    web = psutil.Process(live.process.pid)
-    return [child for child in web.children() if RUNNER_MODULE in " ".join(child.cmdline())]
+    """The runners holding a model (a spare runner waiting for a load is not one)."""
+    found = live.runner_processes()
+    assert all(RUNNER_MODULE in " ".join(child.cmdline()) for child in found)
+    return found
 
 
 def the_runner(live: Appliance) -> psutil.Process:
