@@ -48,6 +48,15 @@ def timings(figures: dict) -> dict:
         "predicted_per_second": figures.get("decode_tps"),
         "reasoning_n": figures.get("reasoning_tokens") or 0,  # of predicted_n, the thinking's
         "cache_n": figures.get("cached_tokens") or 0,
+        # Of cache_n, by where the KV came from (warm memory: inference.engine.tiers): a
+        # resident sequence slot, the RAM tier, the disk tier; and what restoring it took.
+        **{f"cache_n_{tier}": (figures.get("cached_by_tier") or {}).get(tier, 0)
+           for tier in ("resident", "ram", "disk")},
+        "restore_ms": _ms(figures.get("restore_time")) or 0.0,
+        # Speculative decoding (inference.engine.speculation), by llama-server's names: the
+        # drafted tokens verified for this answer, and of those, the ones kept.
+        "draft_n": figures.get("drafted") or 0,
+        "draft_n_accepted": figures.get("draft_accepted") or 0,
         "ttft_ms": _ms(figures.get("ttft")),
         "queue_ms": _ms(figures.get("queue_time")),
         "load_ms": _ms(figures.get("load_time")),

@@ -21,7 +21,8 @@ FIGURES = {"prompt_tokens": 12, "cached_tokens": 4, "output_tokens": 7, "prefill
            "ttft": 0.05, "queue_time": 0.001, "load_time": 0.0, "total_time": 0.3,
            "itl": {"p50": 0.01, "p95": 0.02, "p99": 0.03, "max": 0.04},
            "timeline": [{"phase": "decode", "start": 0.05, "end": 0.3}],
-           "reasoning_tokens": 2}  # fmt: skip
+           "reasoning_tokens": 2, "restore_time": 0.0015, "drafted": 9, "draft_accepted": 6,
+           "cached_by_tier": {"resident": 0, "ram": 4, "disk": 0}}  # fmt: skip
 ENDING = Ending(Piece("", "Hello."), [], {"finish_reason": "stop", "figures": FIGURES}, FIGURES)
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -77,3 +78,11 @@ def test_every_dialects_stream_ends_with_the_one_timings(dialect):
     chunks = writers(True)[dialect].ending(ENDING)
     found = [t for chunk in chunks for t in carried(chunk_data(chunk), [])]
     assert found and all(t == timings(FIGURES) for t in found)
+
+
+@pytest.mark.parametrize("dialect", list(writers(False)))
+def test_every_dialect_says_where_cached_tokens_came_from_and_what_speculation_did(dialect):
+    (found,) = carried(writers(False)[dialect].final(ENDING), [])
+    assert (found["cache_n_resident"], found["cache_n_ram"], found["cache_n_disk"]) == (0, 4, 0)
+    assert found["cache_n"] == 4 and found["restore_ms"] == 1.5
+    assert (found["draft_n"], found["draft_n_accepted"]) == (9, 6)
