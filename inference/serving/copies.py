@@ -1,6 +1,6 @@
 """Copying a model to a box (split mode): what the web side and an inference worker agree on.
 
-The staff's "copy to box X" on a model's page (dashboard.model_pages.copies):
+The staff's "copy to box X" on a model's page (dashboard.model_pages.copy_to_box):
 1. The web side puts a one-time token in Redis, bound to the model's sha256 and to worker X,
    for COPY_TOKEN_TTL_S, and sends task "inference.copy_model" with a CopyJob to X's own queue
    (split_protocol.worker_queue).
@@ -27,7 +27,7 @@ from typing import Literal
 
 import redis
 
-from inference.serving.split_protocol import PREFIX
+from inference.serving.split_protocol import PREFIX, worker_queue
 
 COPY_TASK = "inference.copy_model"
 COPY_TOKEN_TTL_S = 300  # the worker starts the transfer within this; the task waits in its queue
@@ -178,9 +178,7 @@ class ModelCopies:
     def start(self, job: CopyJob, worker: str, *, message: str) -> CopyStatus:
         """Step 1: a token for (the job's sha256, `worker`) in the job, its status "queued", and
         task COPY_TASK on the worker's own queue."""
-        from celery import current_app
-
-        from inference.serving.split_protocol import worker_queue
+        from celery import current_app  # the app of this process (appliance.celery), unnamed
 
         job = replace(job, token=issue_token(self.client, CopyGrant(job.sha256, worker)))
         status = write_status(self.client, job.sha256, worker, "queued", total=job.size_bytes,

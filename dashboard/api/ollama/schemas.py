@@ -83,7 +83,7 @@ def _num_predict(value: int | None) -> int | None:
 
 
 class OllamaOptions(Strict):
-    # The context per sequence asked: more than loaded reloads (ollama_views._num_ctx).
+    # The context per sequence asked: more than loaded reloads (catalog.specs.context_asked).
     num_ctx: Annotated[int, Field(ge=1, le=1 << 20, description=(
         "tokens per sequence; more than the loaded model holds reloads it once idle (507 if it "
         "cannot fit), less runs as loaded; clamped at the model's training context"
