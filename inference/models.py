@@ -65,6 +65,10 @@ class LLMModel(models.Model):
         default=True, help_text="llama.cpp's auto flash attention; needed for a quantised KV cache"
     )
     parallel = models.PositiveIntegerField(default=4, help_text="sequences decoded together")
+    speculative = models.CharField(
+        max_length=8, choices=[("auto", "auto"), ("off", "off")], default="auto",
+        help_text="speculative decoding: auto (as far as it pays, measured) or off",
+    )  # fmt: skip
     system_prompt = models.TextField(blank=True)
     default_params = models.JSONField(default=dict, blank=True)
     chat_template_override = models.TextField(blank=True)

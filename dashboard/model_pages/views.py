@@ -303,16 +303,18 @@ def estimate_view(found: MemoryEstimate | None, memory: readings.Memory | None,
 
 
 def kv_line(found: MemoryEstimate, model: LLMModel) -> str:
-    """Where the KV cache's size comes from: every sequence slot, the running ones and the
-    prefix cache's, holds a context of its own (inference.planning.memory)."""
+    """Where the KV cache's size comes from: every sequence slot holds a context of its own
+    (inference.planning.memory); with warm memory on, only the answering ones (finished turns
+    go to the RAM and disk tiers when their slot is needed: inference.catalog.specs.kept_slots),
+    else those and the prefix cache's."""
     config = spec_for(model).config
     running, cached = config.parallel, config.cache_slots
     slots = running + cached
     per_seq = found.n_ctx_total // slots if slots else found.n_ctx_total
-    return (
-        f"{per_seq} tokens per sequence × {slots} sequences ({running} answering at once + "
-        f"{cached} kept for cached conversations) = {found.n_ctx_total} tokens, {found.kv_type}"
-    )
+    held = (f"{running} answering at once + {cached} kept for cached conversations" if cached
+            else f"{running} answering at once; finished turns are kept in RAM and on disk")
+    return (f"{per_seq} tokens per sequence × {slots} sequences ({held}) = "
+            f"{found.n_ctx_total} tokens, {found.kv_type}")  # fmt: skip
 
 
 def facts(model: LLMModel) -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from inference.catalog.specs import kept_slots
 from inference.catalog.starter import packaged_models
 from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
 from inference.jobs import plain
@@ -330,6 +331,7 @@ def estimated_total(model: LLMModel, info: GGUFInfo) -> int | None:
     estimate = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
+        cache_slots=kept_slots(model.parallel),
     )  # fmt: skip
     return estimate.total_bytes if estimate else None
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from inference.catalog import creating
 from inference.catalog.importing import inside_models_dir
-from inference.catalog.specs import spec_for
+from inference.catalog.specs import kept_slots, spec_for
 from inference.catalog.starter import packaged_models
 from inference.gguf import GGUFError
 from inference.jobs import plain
@@ -66,6 +66,7 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     found = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
+        cache_slots=kept_slots(model.parallel),
     )  # fmt: skip
     return found, "" if found else "the file's metadata does not say enough to size it"
 

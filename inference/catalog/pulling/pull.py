@@ -59,6 +59,7 @@ from inference.catalog.importing import (
 from inference.catalog.netguard import AddressRefused, DownloadPolicy, redact_text
 from inference.catalog.pulling.names import InvalidName, parse
 from inference.catalog.pulling.sources import Blob, Plan, PullError, plan_pull, pull_policy
+from inference.catalog.specs import kept_slots
 from inference.engine.params import DEFAULTABLE, usable_defaults
 from inference.gguf import GGUFError
 from inference.jobs.progress import JobCancelled, JobProgress
@@ -338,6 +339,7 @@ def _fit_note(model: LLMModel) -> str:
     found = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
+        cache_slots=kept_slots(model.parallel),
     )  # fmt: skip
     if found is None:
         return ""

@@ -62,9 +62,14 @@ def test_the_badge_and_the_load_line_say_the_same_from_one_snapshot(staff, tiny_
     assert row["name"] == tiny_model.name and row["summary"].startswith("Loaded ")
 
 
-def test_the_kv_line_says_where_its_size_comes_from(staff, tiny_model):
+def test_the_kv_line_says_where_its_size_comes_from(staff, tiny_model, settings):
     tiny_model.n_ctx, tiny_model.parallel = 256, 2
     tiny_model.save()
+    assert (
+        "256 tokens per sequence × 2 sequences (2 answering at once; finished turns are kept "
+        "in RAM and on disk) = 512 tokens, f16"
+    ) in detail(staff, tiny_model)
+    settings.PROMPT_CACHE_RAM = 0  # warm memory off: finished turns keep slots of their own
     assert (
         "256 tokens per sequence × 4 sequences (2 answering at once + 2 kept for cached "
         "conversations) = 1024 tokens, f16"

@@ -83,7 +83,8 @@ def test_the_chat_template_is_shown_escaped(staff, models_dir):
     assert "<script>alert(1)" not in page
 
 
-def test_the_estimate_is_shown_against_free_memory(staff, tiny_model):
+def test_the_estimate_is_shown_against_free_memory(staff, tiny_model, settings):
+    settings.PROMPT_CACHE_RAM = 0  # warm memory off: finished turns keep slots of their own
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "Estimate for these settings" in page
     # 256 per sequence x 8 slots: 4 running sequences and 4 that keep finished turns cached
