@@ -17,13 +17,17 @@ def openai_client(appliance, key: str) -> openai.OpenAI:
                          timeout=120, max_retries=0)  # fmt: skip
 
 
-def turn(client: openai.OpenAI, system: str, chat_id: str | None) -> int:
-    """One short answer; returns how many of its prompt tokens came from the prefix cache."""
+def turn(client: openai.OpenAI, system: str, chat_id: str | None, tier: str = "") -> int:
+    """One short answer; returns how many of its prompt tokens came from the prefix cache (of
+    those, how many from `tier`, "resident", "ram" or "disk", when asked: the answer's
+    timings)."""
     answer = client.chat.completions.create(
         model=STARTER, max_tokens=2, temperature=0,
         messages=[{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
         extra_headers={CHAT_ID: chat_id} if chat_id else None,
     )  # fmt: skip
+    if tier:
+        return answer.model_extra["timings"][f"cache_n_{tier}"]
     return answer.usage.prompt_tokens_details.cached_tokens
 
 
@@ -34,22 +38,27 @@ OTHER = "You are a friendly cook who suggests quick dinners. " * 12
 @pytest.mark.model
 def test_each_open_webui_chat_keeps_its_own_cached_prefix(appliance):
     """Chat A, then a new chat B, then A again: B takes a slot of its own, so A's prefix is
-    still there. Without the header both are one conversation of the key, and B, sharing the
-    template's first tokens with it, takes A's slot over."""
+    still in its slot. Without the header both are one conversation of the key, and B, sharing
+    the template's first tokens with it, takes A's slot over: A's prefix then comes back from
+    the RAM tier of kept prompts (warm memory), not from its slot."""
     appliance.create_keys(["owui-with-ids", "owui-without-ids"])
     with_ids = openai_client(appliance, "owui-with-ids")
     without = openai_client(appliance, "owui-without-ids")
 
     turn(with_ids, LONG, "chat-a")
     turn(with_ids, OTHER, "chat-b")
-    kept = turn(with_ids, LONG, "chat-a")
+    kept = turn(with_ids, LONG, "chat-a", tier="resident")
 
     turn(without, LONG, None)
     turn(without, OTHER, None)
-    lost = turn(without, LONG, None)
+    again = openai_client(appliance, "owui-without-ids").chat.completions.create(
+        model=STARTER, max_tokens=2, temperature=0,
+        messages=[{"role": "system", "content": LONG}, {"role": "user", "content": "Hi"}],
+    ).model_extra["timings"]  # fmt: skip
 
-    assert kept > 100  # A's system prompt came from the cache
-    assert lost < kept / 4  # the contrast: one conversation per key loses it
+    assert kept > 100  # A's system prompt came from its own slot
+    assert again["cache_n_resident"] < kept / 4  # the contrast: one conversation per key
+    assert again["cache_n_ram"] > 100  # loses its slot, and warm memory gives it back
 
 
 @pytest.mark.model
