@@ -119,6 +119,9 @@ class Appliance(Server):
                                  ("mixed", "interactive")):  # fmt: skip
             self.keys[caller] = self._manage("create_api_key", f"bench-{caller}",
                                              "--priority", priority).strip()  # fmt: skip
+        # Loads and unloads (Ollama's keep_alive 0) need the manage scope.
+        self.keys["manage"] = self._manage("create_api_key", "bench-manage", "--scope",
+                                           "manage").strip()  # fmt: skip
 
     def start(self) -> Target:
         port = free_port()
@@ -169,7 +172,7 @@ class LlamaServer(Server):
             )  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         self._wait(f"{url}/health", log)
-        callers = ("person", "app", "app_background", "mixed")
+        callers = ("person", "app", "app_background", "mixed", "manage")
         return Target(url, MODEL_NAME, {c: {} for c in callers})
 
     def close(self) -> None:

@@ -160,7 +160,7 @@ async def unload(target: Target) -> None:
     """Ollama's way: a generate with keep_alive 0 and no prompt unloads the model."""
     async with client() as http:
         response = await http.post(f"{target.url}/api/generate", json={
-            "model": target.model, "keep_alive": 0}, headers=target.headers["app"])  # fmt: skip
+            "model": target.model, "keep_alive": 0}, headers=target.headers["manage"])  # fmt: skip
         response.raise_for_status()
         for _ in range(100):  # the keep-alive sweep unloads it within a second
             ps = (await http.get(f"{target.url}/api/ps", headers=target.headers["app"])).json()
