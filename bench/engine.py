@@ -259,8 +259,13 @@ def interpolate(points: list[tuple[float, float]], x: float) -> float:
 # --- the sections --------------------------------------------------------------------------------
 
 
-def bench_basic(side, base: dict, sizes: dict, rounds: int, results: dict) -> None:
+def bench_basic(side, base: dict, sizes: dict, rounds: int, results: dict,
+                products: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """`products`: also the engine as a runner process sets it up (warm memory, speculation in
+    each of these modes), against the plain engine: what they cost requests that hit nothing
+    (`<key>_ratio_warm_spec_<mode>`)."""
     engine_rows, raw_rows = [], []
+    product_rows: dict[str, list] = {}
     for r in range(rounds):
         args = dict(
             base, prefill_tokens=sizes["prefill_tokens"], decode_steps=sizes["decode_steps"],
@@ -276,6 +281,12 @@ def bench_basic(side, base: dict, sizes: dict, rounds: int, results: dict) -> No
             f"{e['batch4_tps']:.1f} vs {w['batch4_tps']:.1f} (engine vs raw)")  # fmt: skip
         if e["ended_early"]:
             log("  warning: an engine answer ended (EOS) before its token count")
+        for product in products:  # the engine as a runner process sets it up
+            rows = product_rows.setdefault(product, [])
+            rows.append(p := side("engine_basic", dict(args, product=product)))
+            log(f"  round {r} with warm memory, speculation {product}: prefill "
+                f"{p['prefill_tps']:.0f}, decode {p['decode_tps']:.1f}, 4 streams "
+                f"{p['batch4_tps']:.1f}")  # fmt: skip
     for key, label, what in (("prefill", f"prefill {sizes['prefill_tokens']} tokens", "tok/s"),
                              ("decode", "single-stream decode", "tok/s"),
                              ("batch4", "4-stream aggregate decode", "tok/s")):  # fmt: skip
@@ -283,6 +294,11 @@ def bench_basic(side, base: dict, sizes: dict, rounds: int, results: dict) -> No
         w = median([row[f"{key}_tps"] for row in raw_rows])
         log(f"{label}: engine {e:.1f} {what}, raw llama.cpp {w:.1f} {what}")
         results[f"{key}_ratio"] = e / w
+        for product, rows in product_rows.items():
+            p = median([row[f"{key}_tps"] for row in rows])
+            log(f"  with warm memory, speculation {product}: {p:.1f} {what}, {p / e:.3f}x the "
+                f"plain engine")  # fmt: skip
+            results[f"{key}_ratio_warm_spec_{product}"] = p / e
 
 
 def bench_stall(side, stall: dict, sizes: dict, rounds: int, results: dict) -> None:
@@ -455,6 +471,9 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(SECTIONS),
                         help=f"sections to run, of {','.join(SECTIONS)}")  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="show the sides' stderr")
+    parser.add_argument("--product", default="",
+                        help="basic: also the engine with warm memory and speculation in these "
+                        "modes (e.g. off,auto), against the plain engine")  # fmt: skip
     parser.add_argument("--retries", type=int, default=2,
                         help="runs again a side that other processes disturbed, at most N times")
     args = parser.parse_args()
@@ -489,7 +508,8 @@ def main() -> None:
             log(f"FAILED tokenize: {exc}")
             failed.append("tokenize")
     sections = {
-        "basic": lambda: bench_basic(side, base, sizes, rounds, results),
+        "basic": lambda: bench_basic(side, base, sizes, rounds, results,
+                                     tuple(m for m in args.product.split(",") if m)),
         "stall": lambda: bench_stall(side, stall, sizes, rounds, results),
         "prefix": lambda: bench_prefix(side, base, sizes, rounds, results),
         "ipc": lambda: bench_ipc(side, base, sizes, rounds, tokens, results),

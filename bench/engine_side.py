@@ -11,14 +11,23 @@ from inference.engine import Engine
 from inference.engine import GenerationRequest as ask  # noqa: N813
 from inference.engine.runner import LlamaRunner
 from inference.engine.runner_config import RunnerConfig
+from inference.engine.speculation.policy import Speculation
+from inference.engine.tiers import PromptStore
 from inference.serving.runner_main import warm_up
 
 
 def start_engine(args: dict, **engine_kwargs) -> Engine:
     """The engine on a fresh runner, warmed up as a runner process does it
     (inference.serving.runner_main.warm_up: LlamaRunner.warm_up on the engine thread, where
-    every later llama_decode runs; bench/warmup_thread.py shows why the thread matters)."""
+    every later llama_decode runs; bench/warmup_thread.py shows why the thread matters).
+    `args["product"]`: with what a runner process adds, warm memory (a RAM tier) and, when it
+    names a mode, speculation ("off", "auto")."""
     runner = LlamaRunner(RunnerConfig(**args["config"]))
+    product = args.get("product")
+    if product:
+        engine_kwargs.setdefault("prompts", PromptStore(4 << 30))
+        if product != "off":
+            engine_kwargs.setdefault("speculation", Speculation(product))
     engine = Engine(runner, itl_target=args["itl_target"], max_queue=64, **engine_kwargs).start()
     warm_up(engine)
     return engine
