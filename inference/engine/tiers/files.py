@@ -78,7 +78,9 @@ def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) 
     final = entry_path(directory, entry.id)
     temporary = final.with_suffix(".tmp")
     try:
-        with open(temporary, "wb") as out:
+        # Conversation text: readable by the appliance's own user only.
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
             out.write(_PREFIX.pack(MAGIC, FORMAT, 0, len(header)))
             out.write(header)
             out.write(_CRC.pack(zlib.crc32(header)))
@@ -157,7 +159,7 @@ def read_payload(path: Path, layout: KvLayout, entry: KvEntry) -> bytearray:
 def lock(directory: Path):
     """An exclusive lock on a layout directory (the open file holds it), or None when another
     process holds it."""
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle = open(directory / LOCK_NAME, "a+b")  # noqa: SIM115 - held for the runner's life
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -98,3 +98,11 @@ def test_a_directory_is_held_by_one_process_at_a_time(tmp_path):
     assert files.lock(tmp_path / "d") is None
     held.close()
     assert not files.is_locked(tmp_path / "d")
+
+
+def test_entries_are_readable_by_the_appliances_own_user_only(tmp_path, layout):
+    _, path = written(tmp_path, layout)
+    assert path.stat().st_mode & 0o777 == 0o600
+    held = files.lock(tmp_path / "model" / "layout")
+    assert (tmp_path / "model" / "layout").stat().st_mode & 0o777 == 0o700
+    held.close()
