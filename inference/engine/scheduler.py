@@ -23,6 +23,9 @@ run in one llama_decode call, built in these steps (numbered again in `schedule(
 4. The reserve: the last `reserve` free slots go only to an interactive request whose share has
    nothing running (a person's first request): a flood, of any priority, never holds them all.
    A request the reserve keeps out is passed over, not waited for.
+5. Drafts (with speculation, inference.engine.speculation): a decode chunk may carry `draft`,
+   tokens guessed to follow its own, verified in this step; how many each stream feeds is the
+   policy's, inside the step's budget (what is left of the target after steps 1 to 4).
 
 Warm memory (inference.engine.tiers, when the scheduler has a store): a request admitted in
 step 3 takes the longest prefix of its prompt that its partition left anywhere, a resident
@@ -283,7 +286,8 @@ class Scheduler:
         offers = []
         for chunk in plan.chunks[: plan.decodes]:
             request = chunk.request
-            room = min(request.max_new_tokens - len(request.output_ids),
+            # The step gives it one token of its own besides those it keeps of a draft.
+            room = min(request.max_new_tokens - len(request.output_ids) - 1,
                        self.ctx_per_seq - request.num_computed - 2)  # fmt: skip
             offered = self.speculation.proposal(request, min(room, self.speculation.max_draft))
             if offered:
