@@ -3,41 +3,14 @@ them all, on every box, and a delete that takes them with the model. The inferen
 host runs fake runners whose engine keeps prompts in a real PromptStore; the disk tier is real
 files under this test's data directory."""
 
-from pathlib import Path
-from types import SimpleNamespace
-
 import pytest
 from django.urls import reverse
 
-from inference.engine.host import EngineHost
-from inference.engine.tiers import KvLayout, PromptStore, files
-from inference.engine.tiers.disk import DiskTier
-from inference.planning.preflight import fit
 from inference.serving import client as client_module
-from inference.serving.client import EmbeddedClient, set_client
-from inference.serving.hosting import EMBEDDED, prompt_cache_config
+from tests.dashboard.kept_prompts import OTHER, SHA, files_of, keep, on_disk
 from tests.dashboard.model_pages.conftest import flashes
-from tests.inference.engine.fakes import FakeRunner, engines_on
 
 pytestmark = pytest.mark.django_db
-
-SHA, OTHER = "ab" * 32, "cd" * 32
-
-
-@pytest.fixture
-def kept(settings, tmp_path):
-    """The client's host keeps prompts in `store` for the model it loads; the worker's disk tier
-    lives under this test's own data directory."""
-    settings.DATA_DIR = tmp_path
-    store = PromptStore(1 << 20)
-    host = EngineHost(engines_on(lambda config: FakeRunner(), prompts=store), max_loaded=2,
-                      preflight=fit)  # fmt: skip
-    previous = client_module._client
-    set_client(EmbeddedClient(host))
-    yield SimpleNamespace(host=host, store=store,
-                          directory=Path(prompt_cache_config(EMBEDDED).directory))  # fmt: skip
-    set_client(previous)
-    host.shutdown()
 
 
 @pytest.fixture
@@ -45,21 +18,6 @@ def hashed_model(tiny_model):
     tiny_model.sha256 = SHA
     tiny_model.save(update_fields=["sha256"])
     return tiny_model
-
-
-def on_disk(directory, sha: str, partitions: list[str]) -> None:
-    """Kept prompts of the model `sha` written to the worker's disk tier, as a runner leaves
-    them when it stops."""
-    layout = KvLayout(sha, 1, 1, 256, "f16", True, -1, "fake 1")
-    store = PromptStore(1 << 20, DiskTier(directory, layout, 1 << 30)).open()
-    for n, partition in enumerate(partitions):
-        store.put(partition, f"c{n}", list(range(100 * n, 100 * n + 20)), bytearray(b"s" * 64))
-    store.flush(10)
-    store.close()
-
-
-def files_of(directory, sha: str) -> int:
-    return len(list((directory / sha).glob(f"*/*{files.SUFFIX}")))
 
 
 def forget(client, model):
@@ -70,8 +28,7 @@ def test_staff_forget_a_loaded_models_kept_prompts_and_are_told_how_many(
     staff, hashed_model, kept
 ):
     staff.post(reverse("model-load", args=[hashed_model.name]))
-    for partition in ("apikey:1", "user:2"):
-        kept.store.put(partition, "c", list(range(20)), bytearray(b"s" * 64))
+    keep(kept.store, "apikey:1", "user:2")
     page = staff.get(reverse("model-detail", args=[hashed_model.name])).content.decode()
     assert "Forget cached prompts" in page
     assert "Kept in RAM 0 KiB of 1 MiB (2 prompts), no disk tier. No request yet" in page
@@ -100,7 +57,7 @@ def test_a_model_that_is_not_loaded_has_its_kept_prompts_on_disk_forgotten(
 
 def test_deleting_a_model_forgets_its_kept_prompts_after_the_unload(staff, hashed_model, kept):
     staff.post(reverse("model-load", args=[hashed_model.name]))
-    kept.store.put("apikey:1", "c", list(range(20)), bytearray(b"s" * 64))
+    keep(kept.store, "apikey:1")
     on_disk(kept.directory, SHA, ["user:2"])
     on_disk(kept.directory, OTHER, ["user:2"])
 
