@@ -109,10 +109,9 @@ class ModelSettingsForm(OwnSettingsForm):
     )  # fmt: skip
     speculative = forms.ChoiceField(
         choices=LLMModel._meta.get_field("speculative").choices, label="Speculative decoding",
-        help_text="auto: where the text is predictable (an edit, a list copied from the prompt), "
-        "the model checks several guessed tokens in one step, measured to pay or not done; "
-        "answers do not change. off: never for this model. The box's SPECULATIVE_DECODING=off "
-        "turns it off for every model",
+        help_text="auto: on predictable text (an edit, a list copied from the prompt) it checks "
+        "several guessed tokens a step, where that is measured to be faster; answers stay the "
+        "same. off: never for this model (SPECULATIVE_DECODING=off: never on this box)",
     )  # fmt: skip
 
     class Meta(OwnSettingsForm.Meta):

@@ -197,3 +197,44 @@ def test_the_favicon_is_linked_and_answered(page, appliance):
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("image/svg")
     shoot(page, "models-list")
     assert page.errors == [] and page.missing == []
+
+
+def test_a_models_kept_prompts_are_shown_and_forgotten_and_speculation_is_a_setting(
+    page, appliance
+):
+    url = appliance.url + "/models/smollm2-135m-instruct/"
+    page.goto(url)
+    if page.locator("#loaded-badge").inner_text() != "loaded":
+        page.click(".load-form button")
+        expect(page.locator(".flash")).to_contain_text("is loaded in", timeout=LOAD_TIMEOUT_MS)
+    # Two conversations of an app: the model answers with one sequence, so the first turn's
+    # KV leaves its slot for the second and is kept in RAM.
+    key = appliance.manage("create_api_key", "kept-prompts", "--scope", "chat").strip()
+    for topic in ("the garden", "the weather"):
+        answer = httpx.post(appliance.url + "/v1/chat/completions", timeout=180,
+                            headers={"Authorization": f"Bearer {key}"},
+                            json={"model": "smollm2-135m-instruct", "max_tokens": 4,
+                                  "messages": [{"role": "user", "content": f"About {topic}: "
+                                                + "tell me more, please. " * 30}]})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+    page.goto(url)
+    line = page.locator("#kept-prompts .kept-line")
+    expect(line).to_contain_text(re.compile(r"^Kept in RAM \d+ (KiB|MiB|GiB) of [\d.]+ (MiB|GiB)"
+                                            r" \([1-9]\d* prompts?\)"))  # fmt: skip
+    expect(line).to_contain_text("2 requests since it loaded")
+    shoot(page, "model-detail-kept", focus="#kept-prompts")
+
+    page.click("#forget-prompts button")
+    expect(page.locator(".flash")).to_contain_text(
+        re.compile(r"Forgot [1-9]\d* cached prompts? of smollm2-135m-instruct\."))  # fmt: skip
+    expect(line).to_contain_text("(0 prompts)")
+
+    # Speculation is a load setting: off for this model, applied by one "Save and reload".
+    expect(page.locator("#id_speculative")).to_have_value("auto")
+    page.select_option("#id_speculative", "off")
+    page.click("#apply-reload")
+    expect(page.locator(".flash")).to_contain_text("saved and applied: reloaded",
+                                                   timeout=LOAD_TIMEOUT_MS)  # fmt: skip
+    expect(page.locator("#id_speculative")).to_have_value("off")
+    shoot(page, "model-detail-speculation", focus="#settings-form")
+    assert page.errors == [] and page.missing == []
