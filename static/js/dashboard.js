@@ -702,10 +702,14 @@
 
     const rates = document.createElement("p");
     rates.className = "muted small";
-    rates.textContent = "Restoring took " + ms(kept.restore_s) + " · restore rate " + rate(kept.restore_bytes_per_s) + " from RAM" +
-      (kept.disk ? ", " + rate(kept.disk_bytes_per_s) + " from disk" : "") + " · saved " + kept.saved + ", spilled to disk " +
-      kept.spilled + ", dropped " + kept.dropped + (kept.spill_failed ? ", failed to spill " + kept.spill_failed : "") +
-      (kept.unreadable ? ", unreadable " + kept.unreadable : "");
+    // A rate is the engine's measurement once it has restored from that tier; before, it is
+    // the engine's prior (a guess low for any machine), which is not worth showing as a reading.
+    const restored = kept.admitted.ram + kept.admitted.disk;
+    const rateWords = restored ? " · restore rate " + rate(kept.restore_bytes_per_s) + " from RAM" +
+      (kept.disk && kept.admitted.disk ? ", " + rate(kept.disk_bytes_per_s) + " from disk" : "") : "";
+    rates.textContent = (restored ? "Restoring took " + ms(kept.restore_s) + rateWords : "Nothing restored yet") +
+      " · saved " + kept.saved + ", spilled to disk " + kept.spilled + ", dropped " + kept.dropped +
+      (kept.spill_failed ? ", failed to spill " + kept.spill_failed : "") + (kept.unreadable ? ", unreadable " + kept.unreadable : "");
     card.append(rates);
     return card;
   }
@@ -719,8 +723,9 @@
     if (!rows.length) {
       const p = document.createElement("p");
       p.className = "muted";
-      p.textContent = all.length ? "No model loaded: its kept prompts show here when it loads (those on disk wait for it)." : "no inference worker reporting";
+      p.textContent = all.length ? "No model loaded: a model's kept prompts show here when it loads (those on disk wait for it)." : "no inference worker reporting";
       box.append(p);
+      text("kept-summary", "warm memory: what the box has read, kept past its sequence slot");
       return;
     }
     rows.sort((a, b) => a.title.localeCompare(b.title)).forEach((r) => box.append(keptCard(r.title, r.kept)));
