@@ -315,7 +315,8 @@ def kv_line(found: MemoryEstimate, model: LLMModel) -> str:
     per_seq = found.n_ctx_total // slots if slots else found.n_ctx_total
     held = (f"{running} answering at once + {cached} kept for cached conversations" if cached
             else f"{running} answering at once; finished turns are kept in RAM and on disk")
-    return (f"{per_seq} tokens per sequence × {slots} sequences ({held}) = "
+    sequences = "sequence" if slots == 1 else "sequences"
+    return (f"{per_seq} tokens per sequence × {slots} {sequences} ({held}) = "
             f"{found.n_ctx_total} tokens, {found.kv_type}")  # fmt: skip
 
 

@@ -17,14 +17,18 @@ def openai_client(appliance, key: str) -> openai.OpenAI:
                          timeout=120, max_retries=0)  # fmt: skip
 
 
-def turn(client: openai.OpenAI, system: str, chat_id: str | None) -> int:
-    """One short answer; returns how many of its prompt tokens came from the prefix cache."""
+def turn(client: openai.OpenAI, system: str, chat_id: str | None) -> dict:
+    """One short answer; returns its timings: cache_n, the prompt tokens that came from the
+    prefix cache, of them cache_n_resident from a resident sequence slot (warm memory's RAM
+    and disk tiers apart)."""
     answer = client.chat.completions.create(
         model=STARTER, max_tokens=2, temperature=0,
         messages=[{"role": "system", "content": system}, {"role": "user", "content": "Hi"}],
         extra_headers={CHAT_ID: chat_id} if chat_id else None,
     )  # fmt: skip
-    return answer.usage.prompt_tokens_details.cached_tokens
+    timings = answer.model_extra["timings"]
+    assert timings["cache_n"] == answer.usage.prompt_tokens_details.cached_tokens
+    return timings
 
 
 LONG = "You answer questions about the history of the region's railways. " * 12
@@ -35,21 +39,22 @@ OTHER = "You are a friendly cook who suggests quick dinners. " * 12
 def test_each_open_webui_chat_keeps_its_own_cached_prefix(appliance):
     """Chat A, then a new chat B, then A again: B takes a slot of its own, so A's prefix is
     still there. Without the header both are one conversation of the key, and B, sharing the
-    template's first tokens with it, takes A's slot over."""
+    template's first tokens with it, takes A's slot over (warm memory may then bring A's prefix
+    back from RAM, but not from its slot)."""
     appliance.create_keys(["owui-with-ids", "owui-without-ids"])
     with_ids = openai_client(appliance, "owui-with-ids")
     without = openai_client(appliance, "owui-without-ids")
 
     turn(with_ids, LONG, "chat-a")
     turn(with_ids, OTHER, "chat-b")
-    kept = turn(with_ids, LONG, "chat-a")
+    kept = turn(with_ids, LONG, "chat-a")["cache_n_resident"]
 
     turn(without, LONG, None)
     turn(without, OTHER, None)
-    lost = turn(without, LONG, None)
+    lost = turn(without, LONG, None)["cache_n_resident"]
 
-    assert kept > 100  # A's system prompt came from the cache
-    assert lost < kept / 4  # the contrast: one conversation per key loses it
+    assert kept > 100  # A's system prompt was still in its slot
+    assert lost < kept / 4  # the contrast: one conversation per key loses its slot
 
 
 @pytest.mark.model
@@ -59,7 +64,7 @@ def test_a_chat_id_never_reaches_another_keys_cache(appliance):
     second = openai_client(appliance, "owui-second")
     turn(first, LONG, "shared-chat")
     # The same chat id and the same prompt from another key: nothing of the first key's KV.
-    assert turn(second, LONG, "shared-chat") == 0
+    assert turn(second, LONG, "shared-chat")["cache_n"] == 0  # from no slot and no tier
 
 
 @pytest.mark.model

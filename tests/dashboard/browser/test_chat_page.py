@@ -207,8 +207,8 @@ def test_a_reload_mid_answer_reattaches_and_the_answer_finishes(browser, live_ap
 
 @pytest.fixture
 def one_at_a_time(live_appliance):
-    """The starter model reloaded with parallel 1: two sequences (one running, one for the
-    prefix cache; both admit requests), so a third request has to wait."""
+    """The starter model reloaded with parallel 2: two sequences (warm memory keeps finished
+    turns in RAM, not in sequences of their own), so a third request has to wait."""
     raw = live_appliance.manage("create_api_key", "browser-queue", "--scope", "manage").strip()
     key = raw.splitlines()[-1]
     name = live_appliance.shell(f"{MODEL} print('model', m.name)").split("model ")[-1].strip()
@@ -224,7 +224,7 @@ def one_at_a_time(live_appliance):
             time.sleep(1)
         assert response.status_code == 200, response.text
 
-    live_appliance.shell(f"{MODEL} m.parallel = 1; m.save()")
+    live_appliance.shell(f"{MODEL} m.parallel = 2; m.save()")
     unload()
     yield
     live_appliance.shell(f"{MODEL} m.parallel = 4; m.save()")

@@ -151,7 +151,9 @@ def test_sampling_defaults_are_a_form_and_save_and_reload_applies_settings(page,
     expect(page.locator("#loaded-badge")).to_have_text(re.compile("^loaded"))
     expect(page.locator("#load-state")).to_contain_text(re.compile(r"^Loaded \d+s ago"))
     expect(page.locator("#load-state")).to_contain_text("512 tokens per sequence")
-    expect(page.locator("#kv-line")).to_contain_text("512 tokens per sequence × 2 sequences")
+    # One sequence (parallel 1): warm memory keeps finished turns in RAM, not in slots.
+    expect(page.locator("#kv-line")).to_contain_text(
+        "512 tokens per sequence × 1 sequence (1 answering at once; finished turns are kept")
 
     # One click: a load-time setting changed on a loaded model is saved, unloaded, reloaded.
     page.fill("#id_n_ctx", "1024")
