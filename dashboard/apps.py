@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class DashboardConfig(AppConfig):
     name = "dashboard"
     verbose_name = "Dashboard"
+
+    def ready(self) -> None:
+        # A key or a person gone: what the box keeps for them goes too.
+        from dashboard import forgetting
+
+        forgetting.connect()

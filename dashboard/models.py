@@ -7,6 +7,12 @@ from django.conf import settings
 from django.db import models
 
 
+def person_partition(user_id: int) -> str:
+    """A person's prefix-cache partition and fair-share share on the chat page: their
+    conversations reuse, and learn about, their own KV only."""
+    return f"user:{user_id}"
+
+
 class Conversation(models.Model):
     """A person's chat. Its messages form a tree: editing a question or regenerating an answer
     adds a sibling (a version) instead of overwriting, and `leaf` marks the end of the branch

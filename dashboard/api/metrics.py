@@ -11,9 +11,16 @@ per key or user). An engine that reports them by priority (snapshot["by_priority
 series per priority, which add up to all its requests, and no unlabelled total beside them (a
 sum over the family would count every request twice); an engine from before priorities exports
 its one histogram with `priority` empty, which Prometheus stores as no label at all.
+
+Warm memory (snapshot["prompt_cache"], inference.engine.tiers) and speculation
+(snapshot["speculation"]) add a `tier` label of a few fixed values, never a key, a person or a
+conversation: bytes, bound and entries per stored tier (ram, disk), admissions per tier where
+the cached tokens were found (resident, ram, disk, or miss), reused tokens per tier. An engine
+from before them, or a value that is not a number, exports no series for it.
 """
 
 import asyncio
+import math
 from collections.abc import Callable, Iterator
 
 from django.conf import settings
@@ -24,6 +31,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.utils import floatToGoString
 
 from dashboard.api.auth import api_endpoint
+from inference.engine.tiers.entries import TIERS
 from inference.serving.client import get_client
 
 MODEL = ["worker", "model"]
@@ -64,6 +72,34 @@ MODEL_GAUGES = {
 }  # fmt: skip
 
 
+# Warm memory: the tiers with a size and a bound, and where an admission found its tokens.
+STORED_TIERS = ("ram", "disk")
+ADMISSIONS = (*TIERS, "miss")
+# snapshot["prompt_cache"]["ram" | "disk"] field → (gauge name, help), labelled by tier
+TIER_GAUGES = {
+    "bytes": ("appliance_prompt_cache_bytes", "Bytes of kept prompts held in the tier."),
+    "bound": ("appliance_prompt_cache_bound_bytes",
+              "The tier's bound in bytes: what it holds is kept under it."),
+    "entries": ("appliance_prompt_cache_entries", "Kept prompts held in the tier."),
+}  # fmt: skip
+# snapshot["prompt_cache"]["use"] seconds → (counter name without _total, help)
+CACHE_SECONDS = {
+    "saved_seconds": ("appliance_prompt_cache_saved_seconds",
+                      "Prompt reading that restoring kept prompts saved (what reading their "
+                      "tokens again would have taken, less the restores)."),
+    "restore_seconds": ("appliance_prompt_cache_restore_seconds",
+                        "Time spent restoring kept prompts from RAM and disk."),
+}  # fmt: skip
+# snapshot["speculation"] field → (counter name without _total, help): vLLM's names
+SPECULATION = {
+    "drafted": ("appliance_spec_decode_num_draft_tokens",
+                "Draft tokens verified (llama-server's draft_n)."),
+    "accepted": ("appliance_spec_decode_num_accepted_tokens",
+                 "Draft tokens kept: the model's own tokens (draft_n_accepted)."),
+    "drafts": ("appliance_spec_decode_num_drafts", "Verifications that carried a draft."),
+}  # fmt: skip
+
+
 def _buckets(histogram: dict) -> list[tuple[str, float]]:
     pairs = zip(histogram["buckets"], histogram["cumulative"], strict=True)
     return [(floatToGoString(le), float(count)) for le, count in pairs]
@@ -99,6 +135,65 @@ def _field(raw, *path):
     for key in path:
         raw = raw.get(key) if isinstance(raw, dict) else None
     return raw
+
+
+def _count(raw) -> float | None:
+    """A count or an amount from a snapshot, or None: a series is left out rather than
+    exported with a value a worker did not mean (junk, negative, not finite)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float):
+        return None
+    return float(raw) if math.isfinite(raw) and raw >= 0 else None
+
+
+class WarmMemoryFamilies:
+    """The warm memory and speculation families, filled from one engine at a time."""
+
+    def __init__(self):
+        tier = [*MODEL, "tier"]
+        self.tiers = {key: GaugeMetricFamily(name, doc, labels=tier)
+                      for key, (name, doc) in TIER_GAUGES.items()}  # fmt: skip
+        self.admissions = CounterMetricFamily(
+            "appliance_prompt_cache_admissions",
+            "Requests admitted, by the tier their cached prompt tokens came from (resident: a "
+            "sequence slot; ram, disk: kept prompts restored), or miss: none.", labels=tier,
+        )  # fmt: skip
+        self.reused = CounterMetricFamily(
+            "appliance_prompt_cache_reused_tokens",
+            "Prompt tokens reused instead of read again, by the tier they came from.",
+            labels=tier,
+        )  # fmt: skip
+        self.seconds = {key: CounterMetricFamily(name, doc, labels=MODEL)
+                        for key, (name, doc) in CACHE_SECONDS.items()}  # fmt: skip
+        self.speculation = {key: CounterMetricFamily(name, doc, labels=MODEL)
+                            for key, (name, doc) in SPECULATION.items()}  # fmt: skip
+
+    def add(self, labels: list[str], engine: dict) -> None:
+        cache = engine.get("prompt_cache")
+        enabled = _field(cache, "enabled") is True  # off: no tiers, the slots' reuse only
+        held = {"ram": enabled, "disk": enabled and _field(cache, "disk", "enabled") is True}
+        for tier in STORED_TIERS:
+            for key, family in self.tiers.items():
+                value = _count(_field(cache, tier, key))
+                if held[tier] and value is not None:
+                    family.add_metric([*labels, tier], value)
+        for family, field, tiers in ((self.admissions, "admitted", ADMISSIONS),
+                                     (self.reused, "tokens", TIERS)):  # fmt: skip
+            for tier in tiers:
+                value = _count(_field(cache, "use", field, tier))
+                if value is not None:
+                    family.add_metric([*labels, tier], value)
+        for key, family in self.seconds.items():
+            value = _count(_field(cache, "use", key))
+            if value is not None:
+                family.add_metric(labels, value)
+        for key, family in self.speculation.items():
+            value = _count(_field(engine, "speculation", key))
+            if value is not None:
+                family.add_metric(labels, value)
+
+    def families(self) -> list:
+        return [*self.tiers.values(), self.admissions, self.reused, *self.seconds.values(),
+                *self.speculation.values()]  # fmt: skip
 
 
 class SnapshotCollector:
@@ -145,6 +240,7 @@ class SnapshotCollector:
         gpu_own = GaugeMetricFamily("appliance_gpu_memory_process_bytes",
                                     "GPU memory used by the inference worker and its runners.",
                                     labels=gpu)  # fmt: skip
+        warm = WarmMemoryFamilies()
 
         for snap in snapshots:
             worker = str(snap.get("worker") or "")
@@ -159,6 +255,7 @@ class SnapshotCollector:
                     family.add_metric(labels, float(engine.get(key) or 0.0))
                 for outcome, count in (engine.get("outcomes") or {}).items():
                     outcomes.add_metric([*labels, outcome], count)
+                warm.add(labels, engine)
             for runner in snap.get("runners") or []:
                 labels = [worker, str(runner.get("model") or "")]
                 runner_up.add_metric(labels, 1.0 if runner.get("state") == "running" else 0.0)
@@ -180,6 +277,7 @@ class SnapshotCollector:
         yield from gauges.values()
         yield from (loaded, loading, rss, mapped, gpu_used, gpu_total, gpu_own)
         yield from (runner_up, restarts)
+        yield from warm.families()
 
 
 def render(source: Callable[[], list[dict]]) -> bytes:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dashboard.chat import ChatRefused
 from dashboard.chat import window as chat_window
-from dashboard.models import Conversation, Message
+from dashboard.models import Conversation, Message, person_partition
 from inference.catalog.specs import request_for, spec_for
 from inference.engine import GenerationRequest, InvalidParams
 from inference.engine.params import MAX_TOKENS_LIMIT
@@ -119,7 +119,7 @@ def answer_request(
     # A person's conversations reuse only their own KV (the prefix cache is partitioned), and
     # take the person's turn in fair-share admission, whichever of their chats asks. A person
     # reads the answer: interactive (dashboard.chat.running lowers it while nobody watches).
-    person = f"user:{conversation.user_id}"
+    person = person_partition(conversation.user_id)
     try:
         return request_for(
             model, prompt.rendered, {}, base=answer_defaults(model),

@@ -1,7 +1,7 @@
 """The registry's changes, staff only: scan, upload, download, cancel, make default, and the
-async load, unload and delete that await the inference client. They only redirect (or answer
-JSON), so no template and no lazy ORM access runs on the event loop, except the delete
-confirmation, rendered on a thread.
+async load, unload, forget cached prompts and delete that await the inference client. They only
+redirect (or answer JSON), so no template and no lazy ORM access runs on the event loop, except
+the delete confirmation, rendered on a thread.
 """
 
 import logging
@@ -284,6 +284,31 @@ async def unload(request: HttpRequest, name: str) -> HttpResponse:
     else:
         messages.info(request, f"{model.name} unloaded." if unloaded
                       else f"{model.name} was not loaded.")  # fmt: skip
+    return redirect("model-detail", name=model.name)
+
+
+@staff_required
+@require_POST
+async def forget_prompts(request: HttpRequest, name: str) -> HttpResponse:
+    """Forget every prompt kept for the model (warm memory), on every box: the next request
+    for each of them reads its prompt again."""
+    model = await _model_or_404(name)
+    if model.base_id:  # it loads as its base: the prompts kept are the base's
+        base = await LLMModel.all_objects.aget(pk=model.base_id)
+        messages.warning(request, f"{model.name}'s cached prompts are {base.name}'s: forget "
+                                  f"them on {base.name}'s page.")  # fmt: skip
+        return redirect("model-detail", name=model.name)
+    try:
+        forgotten = await operations.forget_kept_prompts(model)
+    except Exception as exc:  # noqa: BLE001 - a worker that refused or did not answer
+        log.info("forgetting the cached prompts of %s failed: %s", model.name, exc)
+        messages.error(request, f"The cached prompts of {model.name} were not forgotten: {exc}")
+    else:
+        if forgotten:
+            plural = "" if forgotten == 1 else "s"
+            messages.success(request, f"Forgot {forgotten} cached prompt{plural} of {model.name}.")
+        else:
+            messages.info(request, f"{model.name} had no cached prompts to forget.")
     return redirect("model-detail", name=model.name)
 
 

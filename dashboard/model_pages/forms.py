@@ -107,11 +107,17 @@ class ModelSettingsForm(OwnSettingsForm):
         min_value=1, max_value=16, label="Parallel sequences",
         help_text="sequences decoded together, each with a context of n_ctx tokens",
     )  # fmt: skip
+    speculative = forms.ChoiceField(
+        choices=LLMModel._meta.get_field("speculative").choices, label="Speculative decoding",
+        help_text="auto: on predictable text (an edit, a list copied from the prompt) it checks "
+        "several guessed tokens a step, where that is measured to be faster; answers stay the "
+        "same. off: never for this model (SPECULATIVE_DECODING=off: never on this box)",
+    )  # fmt: skip
 
     class Meta(OwnSettingsForm.Meta):
         fields = [
             "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-            "parallel", "keep_alive", *OwnSettingsForm.Meta.fields,
+            "parallel", "speculative", "keep_alive", *OwnSettingsForm.Meta.fields,
         ]  # fmt: skip
         labels = {
             **OwnSettingsForm.Meta.labels, "kv_type": "KV cache type",
@@ -153,10 +159,11 @@ class ModelSettingsForm(OwnSettingsForm):
         return data
 
 
-# The settings llama.cpp reads when it creates the model's context: changing one means a reload.
+# The settings read when the model loads (llama.cpp's context, and the runner's speculation):
+# changing one means a reload.
 LOAD_FIELDS = frozenset({
     "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-    "parallel",
+    "parallel", "speculative",
 })  # fmt: skip
 
 # Default sampling, one small field per parameter, each empty for "the engine's default" (shown

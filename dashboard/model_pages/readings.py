@@ -1,11 +1,12 @@
 """What the model pages read from the workers' snapshots: what is loaded, what is loading, each
-model's runner processes, the live memory, and whether an estimate fits in it. The operations
-the pages run (load, unload, delete) are inference.catalog.operations, which the API shares.
+model's runner processes and kept prompts, the live memory, and whether an estimate fits in
+it. The operations the pages run (load, unload, delete) are inference.catalog.operations, which
+the API shares.
 """
 
 from dataclasses import dataclass
 
-from dashboard.web.panels import RunnerPanel, runner_panel
+from dashboard.web.panels import PromptCachePanel, RunnerPanel, prompt_cache_panel, runner_panel
 from inference.catalog.operations import process_bytes
 from inference.planning.machine import free_gpu_bytes
 from inference.planning.memory import (
@@ -43,6 +44,19 @@ def runner_rows(snaps: list[dict]) -> dict[str, list[RunnerRow]]:
             if row["model"]:
                 worker = str(snap.get("worker") or "")
                 rows.setdefault(row["model"], []).append(RunnerRow(**row, worker=worker))
+    return rows
+
+
+def kept_prompts(snaps: list[dict], name: str) -> list[tuple[str, PromptCachePanel]]:
+    """(worker, its warm memory) for each worker that has the model loaded, read as the
+    dashboard reads it; [] when none has (the prompts kept on disk wait for its next load)."""
+    rows = []
+    for snap in snaps:
+        engines = snap.get("models")
+        engine = engines.get(name) if isinstance(engines, dict) else None
+        panel = prompt_cache_panel(engine.get("prompt_cache")) if isinstance(engine, dict) else None
+        if panel is not None:
+            rows.append((str(snap.get("worker") or ""), panel))
     return rows
 
 

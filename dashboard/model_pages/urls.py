@@ -24,6 +24,7 @@ urlpatterns = [
     path("<slug:name>/unload/", actions.unload, name="model-unload"),
     path("<slug:name>/apply/", actions.apply, name="model-apply"),
     path("<slug:name>/reload/", actions.reload, name="model-reload"),
+    path("<slug:name>/forget-prompts/", actions.forget_prompts, name="model-forget-prompts"),
     path("<slug:name>/default/", actions.make_default, name="model-default"),
     path("<slug:name>/copy/", copy_to_box.copy_to_box, name="model-copy"),
     path("<slug:name>/boxes/", copy_to_box.boxes, name="model-boxes"),

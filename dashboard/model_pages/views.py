@@ -26,6 +26,7 @@ from dashboard.model_pages.forms import (
     UploadForm,
 )
 from dashboard.web.health import UNUSABLE_STATES
+from dashboard.web.panels import PromptCachePanel, TierPanel
 from dashboard.web.security import with_csp
 from inference.catalog import operations
 from inference.catalog.importing import copies, models_dir
@@ -150,6 +151,7 @@ def detail_page(request: HttpRequest, model: LLMModel, form: OwnSettingsForm,
         "stale_settings": bool(loaded) and settings_are_newer(model, loaded),
         "loading": readings.loading_names(snaps),
         "runners": runners,
+        "kept": kept_lines(readings.kept_prompts(snaps, model.name)),
         "hash_job": hash_job,
         "file_missing": not os.path.isfile(model.weights.file_path),
         "copies": same.get(model.pk, []),
@@ -316,6 +318,35 @@ def kv_line(found: MemoryEstimate, model: LLMModel) -> str:
     sequences = "sequence" if slots == 1 else "sequences"
     return (f"{per_seq} tokens per sequence × {slots} {sequences} ({held}) = "
             f"{found.n_ctx_total} tokens, {found.kv_type}")  # fmt: skip
+
+
+def kept_lines(rows: list[tuple[str, PromptCachePanel]]) -> list[str]:
+    """The model's kept prompts in words, one line per worker that has it loaded."""
+    if not rows:
+        return ["Not loaded: the prompts it keeps on disk wait for its next load."]
+    lines = []
+    for worker, kept in rows:
+        where = f"On {worker}: " if worker and worker != "embedded" else ""
+        admitted = sum(kept["admitted"].values())
+        found = admitted - kept["admitted"]["miss"]
+        use = "No request yet since it loaded."
+        if admitted:
+            use = f"{found} of {admitted} requests since it loaded found their prompt's start kept"
+            use += f", which saved {kept['saved_s']:.1f} s of reading." if kept["saved_s"] else "."
+        if not kept["enabled"]:
+            lines.append(f"{where}Warm memory is off on this box (PROMPT_CACHE_RAM=0): finished "
+                         f"turns stay only in their sequence slots. {use}")  # fmt: skip
+            continue
+        tiers = [f"in RAM {tier_label(kept['ram'])}"]  # type: ignore[arg-type]
+        tiers.append(f"on disk {tier_label(kept['disk'])}" if kept["disk"] else "no disk tier")
+        lines.append(f"{where}Kept {', '.join(tiers)}. {use}")
+    return lines
+
+
+def tier_label(tier: TierPanel) -> str:
+    plural = "" if tier["entries"] == 1 else "s"
+    return (f"{bytes_label(tier['bytes'])} of {bytes_label(tier['bound'])} "
+            f"({tier['entries']} prompt{plural})")  # fmt: skip
 
 
 def facts(model: LLMModel) -> list[tuple[str, str]]:

@@ -15,11 +15,21 @@ id ("apikey:3"); the consumer adds the names (dashboard.web.share_names) as `app
 
 Engines from before fair share send no `shares`, no step columns `background`, `interactive` and
 `paused`, no `share` or `paused` on a stream: those read as None (absent) or their neutral value,
-and the page shows what it showed before.
+and the page shows what it showed before. The same holds for warm memory and speculation: an
+engine from before them sends no `prompt_cache`, no `speculation`, no step columns `verify` and
+`output`, and their panels read None.
+
+Warm memory (inference.engine.tiers; the engine's `prompt_cache`): each tier's size against its
+bound, what admissions found where (a resident slot, the RAM tier, the disk tier, or nothing),
+the tokens reused from each, the prompt time restoring saved. Speculation (`speculation`): the
+tokens drafted and kept since load, and, from the step columns, how many tokens a decoding
+stream wrote per step.
 """
 
 import math
 from typing import TypedDict
+
+from inference.engine.tiers.entries import TIERS
 
 WINDOWS = ("30", "300", "3600")
 SERIES_COLUMNS = ("prompt_tps", "output_tps", "ttft_p50", "ttft_p95", "ttft_p99",
@@ -28,6 +38,10 @@ SERIES_POINTS = 30
 STEP_COLUMNS = ("ago", "decode", "prompt", "ms", "seqs")
 # Step columns of an engine with priorities; None in the panel when an engine sends none.
 PRIORITY_STEP_COLUMNS = ("background", "interactive", "paused")
+# Step columns of an engine with speculation: drafted tokens verified (a part of `decode`) and
+# tokens sampled; None in the panel when an engine sends none.
+SPECULATION_STEP_COLUMNS = ("verify", "output")
+OPTIONAL_STEP_COLUMNS = (*PRIORITY_STEP_COLUMNS, *SPECULATION_STEP_COLUMNS)
 MAX_STEPS = 300
 MAX_STREAMS = 64
 MAX_SHARES = 64  # an engine sends at most 32; a worker with two models may have twice that
@@ -37,6 +51,10 @@ PRIORITIES = ("interactive", "background")
 # RunnerState["state"] (inference.serving.supervisor); anything else from a snapshot is shown as
 # "unknown" rather than trusted as text for the page.
 RUNNER_STATES = frozenset({"starting", "running", "stopped", "crashed", "backing off", "failed"})
+STORED_TIERS = ("ram", "disk")  # the tiers with a size and a bound (TIERS adds "resident")
+ADMISSIONS = (*TIERS, "miss")  # where an admitted request's cached tokens came from, or none
+# inference.engine.speculation.policy.MODES; anything else reads "unknown".
+SPECULATION_MODES = frozenset({"off", "auto", "always"})
 
 
 class Distribution(TypedDict):
@@ -85,6 +103,9 @@ class Steps(TypedDict):
     background: list[int] | None  # of its decode tokens, those of background streams
     interactive: list[int] | None  # 1: an interactive stream was in it (the ITL target bound)
     paused: list[int] | None  # requests paused while it ran
+    # None from an engine without speculation:
+    verify: list[int] | None  # of its decode tokens, drafted ones being verified
+    output: list[int] | None  # tokens it sampled (decodes, kept drafts, prompts that ended)
 
 
 class StreamPanel(TypedDict):
@@ -114,6 +135,53 @@ class SharePanel(TypedDict):
     tokens_recent: int  # prompt + output tokens served to it over the telemetry window
 
 
+class TierPanel(TypedDict):
+    """A tier of kept prompts: what it holds against its bound."""
+
+    bytes: int
+    bound: int
+    entries: int
+
+
+class PromptCachePanel(TypedDict):
+    """A model's warm memory since it loaded (inference.engine.tiers)."""
+
+    enabled: bool  # False: no tiers; reuse is the resident slots' alone
+    ram: TierPanel | None  # None: no tiers
+    disk: TierPanel | None  # None: no disk tier (RAM only)
+    admitted: dict[str, int]  # requests by where their cached tokens came from: ADMISSIONS
+    tokens: dict[str, int]  # cached tokens reused, by tier: TIERS
+    saved_s: float  # prompt reading that restores saved (what reading would have cost, less them)
+    restore_s: float  # what the restores took
+    restore_bytes_per_s: float | None  # into the context from RAM (measured, else the prior)
+    disk_bytes_per_s: float | None  # from the disk tier into RAM (measured, else the prior)
+    saved: int  # sequences saved into the RAM tier
+    spilled: int  # entries written from RAM to disk
+    dropped: int  # entries let go to stay under the bounds
+    spill_failed: int  # writes to disk that failed (a full disk): those entries went
+    unreadable: int  # disk entries deleted unread (a mismatch, a bad checksum)
+
+
+class SpeculationPanel(TypedDict):
+    """A model's speculative decoding since it loaded (inference.engine.speculation)."""
+
+    enabled: bool
+    mode: str  # off, auto, always; "unknown" for anything else
+    drafted: int  # draft tokens verified (llama-server's draft_n)
+    accepted: int  # of those, kept (draft_n_accepted)
+    drafts: int  # verifications that carried a draft
+    acceptance: float | None  # accepted / drafted; None before any draft
+
+
+class StepYield(TypedDict):
+    """Over the recent steps that read no prompt (so every token they sampled is a decoding
+    stream's): how many steps the decoding streams took part in, all together, and the tokens
+    they wrote. tokens / stream_steps is tokens per step per stream: 1 without speculation."""
+
+    stream_steps: int
+    tokens: int
+
+
 class ModelPanel(TypedDict):
     prompt_tps: float
     output_tps: float
@@ -136,6 +204,9 @@ class ModelPanel(TypedDict):
     streams: list[StreamPanel]
     shares: list[SharePanel] | None  # None: an engine that does not report shares
     window_s: float  # the telemetry window tokens_recent covers
+    prompt_cache: PromptCachePanel | None  # None: an engine from before warm memory
+    speculation: SpeculationPanel | None  # None: an engine from before speculation
+    step_yield: StepYield | None  # None: an engine whose steps do not say what they sampled
 
 
 class GpuPanel(TypedDict):
@@ -267,10 +338,10 @@ def window_panel(raw) -> WindowPanel:
 def steps_panel(raw) -> Steps:
     raw = raw if isinstance(raw, dict) else {}
     columns = {key: _number_list(raw.get(key), MAX_STEPS) for key in STEP_COLUMNS}
-    optional = [key for key in PRIORITY_STEP_COLUMNS if isinstance(raw.get(key), list)]
+    optional = [key for key in OPTIONAL_STEP_COLUMNS if isinstance(raw.get(key), list)]
     columns.update({key: _number_list(raw.get(key), MAX_STEPS) for key in optional})
     n = min(len(column) for column in columns.values())  # ragged columns: the common tail
-    steps: dict = {key: None for key in PRIORITY_STEP_COLUMNS}
+    steps: dict = {key: None for key in OPTIONAL_STEP_COLUMNS}
     steps.update({key: column[len(column) - n :] for key, column in columns.items()})
     for key in ("decode", "prompt", "seqs"):
         steps[key] = [int(v) for v in steps[key]]
@@ -281,7 +352,91 @@ def steps_panel(raw) -> Steps:
         steps["background"] = [min(b, d) for b, d in pairs]
     if steps["interactive"] is not None:
         steps["interactive"] = [min(1, v) for v in steps["interactive"]]
+    if steps["verify"] is not None:  # also a part of the decode tokens
+        pairs = zip(steps["verify"], steps["decode"], strict=True)
+        steps["verify"] = [min(v, d) for v, d in pairs]
     return steps  # type: ignore[return-value]
+
+
+def step_yield(steps: Steps) -> StepYield | None:
+    """Tokens per step per decoding stream, as two sums (StepYield). A step that read a prompt
+    is left out: the first token of a prompt that ended in it is sampled too, and would read
+    as a stream writing more than one token."""
+    if steps["output"] is None:
+        return None
+    verify = steps["verify"] or [0] * len(steps["decode"])
+    rows = zip(steps["decode"], verify, steps["prompt"], steps["output"], strict=True)
+    stream_steps = tokens = 0
+    for decode, drafted, prompt, output in rows:
+        if prompt == 0 and decode > drafted:
+            stream_steps += decode - drafted  # one decode token per stream, besides its draft
+            tokens += output
+    return {"stream_steps": stream_steps, "tokens": tokens}
+
+
+def _count(value) -> int:
+    return max(0, _int(value))
+
+
+def _rate(value) -> float | None:
+    rate = _number(value, None)
+    return rate if rate is not None and rate > 0 else None
+
+
+def _tier(raw) -> TierPanel:
+    raw = raw if isinstance(raw, dict) else {}
+    return {"bytes": _count(raw.get("bytes")), "bound": _count(raw.get("bound")),
+            "entries": _count(raw.get("entries"))}  # fmt: skip
+
+
+def prompt_cache_panel(raw) -> PromptCachePanel | None:
+    """A model's warm memory (PromptCachePanel), or None from an engine without it. Sizes are
+    shown as sent, above the bound too: the bound holding is what the panel is there to show."""
+    if not isinstance(raw, dict):
+        return None
+    enabled = raw.get("enabled") is True
+    use = raw.get("use") if isinstance(raw.get("use"), dict) else {}
+    admitted = use.get("admitted") if isinstance(use.get("admitted"), dict) else {}
+    tokens = use.get("tokens") if isinstance(use.get("tokens"), dict) else {}
+    disk = raw.get("disk") if isinstance(raw.get("disk"), dict) else {}
+    on_disk = enabled and disk.get("enabled") is True
+    return {
+        "enabled": enabled,
+        "ram": _tier(raw.get("ram")) if enabled else None,
+        "disk": _tier(disk) if on_disk else None,
+        "admitted": {key: _count(admitted.get(key)) for key in ADMISSIONS},
+        "tokens": {key: _count(tokens.get(key)) for key in TIERS},
+        "saved_s": max(0.0, _number(use.get("saved_seconds"))),
+        "restore_s": max(0.0, _number(use.get("restore_seconds"))),
+        "restore_bytes_per_s": _rate(raw.get("restore_bytes_per_s")) if enabled else None,
+        "disk_bytes_per_s": _rate(raw.get("disk_bytes_per_s")) if on_disk else None,
+        "saved": _count(raw.get("saved")),
+        "spilled": _count(raw.get("spilled")),
+        "dropped": _count(raw.get("dropped")),
+        "spill_failed": _count(raw.get("spill_failed")),
+        "unreadable": _count(raw.get("unreadable")),
+    }  # fmt: skip
+
+
+def speculation_panel(raw) -> SpeculationPanel | None:
+    """A model's speculation (SpeculationPanel), or None from an engine without it. The
+    acceptance is worked out here from the two counts, never taken as sent."""
+    if not isinstance(raw, dict):
+        return None
+    mode = raw.get("mode")
+    if not (isinstance(mode, str) and mode in SPECULATION_MODES):
+        # An engine built without speculation says only {"enabled": false}.
+        mode = "off" if mode is None and raw.get("enabled") is False else "unknown"
+    drafted = _count(raw.get("drafted"))
+    accepted = min(_count(raw.get("accepted")), drafted)  # kept tokens are drafted ones
+    return {
+        "enabled": raw.get("enabled") is True,
+        "mode": mode,
+        "drafted": drafted,
+        "accepted": accepted,
+        "drafts": _count(raw.get("drafts")),
+        "acceptance": accepted / drafted if drafted else None,
+    }  # fmt: skip
 
 
 def _share(value) -> str | None:
@@ -342,6 +497,7 @@ def model_panel(snapshot: dict) -> ModelPanel:
     windows = snapshot.get("windows") if isinstance(snapshot.get("windows"), dict) else {}
     streams = snapshot.get("streams") if isinstance(snapshot.get("streams"), list) else []
     shares = snapshot.get("shares") if isinstance(snapshot.get("shares"), list) else None
+    steps = steps_panel(snapshot.get("steps"))
     return {
         "prompt_tps": _number(snapshot.get("prompt_tps")),
         "output_tps": _number(snapshot.get("output_tps")),
@@ -363,7 +519,7 @@ def model_panel(snapshot: dict) -> ModelPanel:
             "output_tps": _number(now.get("output_tps")),
         },  # fmt: skip
         "windows": {key: window_panel(windows.get(key)) for key in WINDOWS},
-        "steps": steps_panel(snapshot.get("steps")),
+        "steps": steps,
         "streams": [stream_panel(row) for row in streams[:MAX_STREAMS] if isinstance(row, dict)],
         "shares": (
             None
@@ -371,6 +527,9 @@ def model_panel(snapshot: dict) -> ModelPanel:
             else merged_shares([share_panel(row) for row in shares if isinstance(row, dict)])
         ),
         "window_s": _number(snapshot.get("window_s"), 10.0),
+        "prompt_cache": prompt_cache_panel(snapshot.get("prompt_cache")),
+        "speculation": speculation_panel(snapshot.get("speculation")),
+        "step_yield": step_yield(steps),
     }
 
 

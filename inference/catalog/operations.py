@@ -10,6 +10,7 @@ raises OperationRefused, whose message says why.
 """
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from inference.models import LLMModel
 from inference.planning.memory import MemoryEstimate
 from inference.planning.preflight import estimate_for_settings, gguf_info
 from inference.serving.client import get_client
+
+log = logging.getLogger(__name__)
 
 RELOAD_POLL_S = 0.25  # how often a reload waiting for a model's answers to end looks again
 
@@ -71,7 +74,7 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     return found, "" if found else "the file's metadata does not say enough to size it"
 
 
-# 3. Load, reload, unload, delete.
+# 3. Load, reload, unload, forget its kept prompts, delete.
 
 
 async def load(model: LLMModel) -> dict | None:
@@ -131,10 +134,19 @@ async def unload(model: LLMModel) -> bool:
     return await get_client().unload(model.name)
 
 
+async def forget_kept_prompts(model: LLMModel) -> int:
+    """Forget every prompt kept for the model's weights (warm memory: the loaded runner's RAM
+    and disk tiers, and the files on disk when it is not loaded), on every box; returns how
+    many went. A derived model's are its base's: they are the base's to forget."""
+    spec = await sync_to_async(spec_for)(model)
+    return await get_client().forget_prompts(model=spec, everything=True)
+
+
 async def delete(model: LLMModel) -> str:
-    """Unload if loaded and idle, then unregister (unregister decides what happens to
-    the file). Refused while the model answers a request, and for weights a derived
-    model uses. A derived model goes alone: its base's engine and file stay."""
+    """Unload if loaded and idle, forget its kept prompts, then unregister (unregister decides
+    what happens to the file). Refused while the model answers a request, and for weights a
+    derived model uses. A derived model goes alone: its base's engine, file and kept prompts
+    stay."""
     if model.base_id:
         return await sync_to_async(creating.forget)(model)
     users = await sync_to_async(creating.derived_of)(model)
@@ -151,6 +163,11 @@ async def delete(model: LLMModel) -> str:
             await client.unload(model.name)
         except Exception as exc:  # noqa: BLE001 - busy meanwhile, or a worker refused
             raise OperationRefused(f"{model.name} could not be unloaded: {exc}") from exc
+    try:
+        await forget_kept_prompts(model)
+    except Exception:  # noqa: BLE001 - a worker away: the delete goes on, its entries stay
+        log.warning("%s is deleted, but its kept prompts could not be forgotten", model.name,
+                    exc_info=True)  # fmt: skip
     return await sync_to_async(unregister)(model)
 
 

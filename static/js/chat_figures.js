@@ -28,6 +28,45 @@
       (parts.length ? " (" + parts.join(", ") + ")." : ".");
   }
 
+  // Where an answer's cached tokens came from (warm memory: the engine's cached_by_tier).
+  const TIERS = [
+    ["resident", "resident", "were still in the model's memory from an earlier turn (in its sequence slot)"],
+    ["ram", "RAM", "had been kept in RAM after an earlier turn left the model's memory, and were restored"],
+    ["disk", "disk", "had been kept on disk after an earlier turn left the model's memory, and were read back and restored"],
+  ];
+
+  /* The cache chip: how many prompt tokens were reused, from which tier, and what restoring
+     them took ("430 · RAM, restored in 2 ms"); null when nothing was cached or the answer
+     predates the tiers. */
+  function cacheChip(f) {
+    const byTier = f.cached_by_tier;
+    if (!f.cached_tokens || !byTier || typeof byTier !== "object") return null;
+    const found = TIERS.filter(([key]) => byTier[key] > 0);
+    if (!found.length) return null;
+    const restored = f.restore_time > 0 ? seconds(f.restore_time) : null;
+    const where = found.map(([key, name]) => (found.length > 1 ? number(byTier[key]) + " " : "") + name).join(" + ");
+    return {
+      label: "cached",
+      value: number(f.cached_tokens) + " · " + where + (restored ? ", restored in " + restored : ""),
+      explain: "The first " + number(f.cached_tokens) + " prompt tokens were not read again: they " +
+        found.map(([, , words]) => words).join("; others ") + (restored ? " in " + restored : "") +
+        ". Only the rest of the prompt was read.",
+    };
+  }
+
+  /* The speculation chip ("48 drafted, 47 kept"); null when nothing was drafted. */
+  function speculationChip(f) {
+    if (!f.drafted) return null;
+    const kept = f.draft_accepted || 0;
+    return {
+      label: "speculation",
+      value: number(f.drafted) + " drafted, " + number(kept) + " kept",
+      explain: "Speculative decoding: " + number(f.drafted) + " tokens were guessed ahead from the text so far and " +
+        "checked by the model in the same steps as its own; " + number(kept) + " were the tokens it would have " +
+        "written anyway and were kept, so the answer is the same, written in fewer steps.",
+    };
+  }
+
   /* [{label, value, explain}] for an answer's figures; [] when it has none. */
   function figureChips(f) {
     if (!f || (f.ttft === undefined && f.output_tokens === undefined)) return [];
@@ -61,7 +100,7 @@
         "cache, and tokens written in this answer" +
         (f.answer_tokens ? " (" + number(f.answer_tokens) + " in the whole answer, with its continuations)." : "."),
     });
-    return chips;
+    return chips.concat([cacheChip(f), speculationChip(f)].filter(Boolean));
   }
 
   const PHASES = {

@@ -50,7 +50,7 @@
 
   const COLORS = { prompt: "#2f6fde", output: "#d9480f", p50: "#2b8a3e", p95: "#e8a100", p99: "#c92a2a",
     queue: "#7048e8", active: "#0c8599", used: "#d9480f", own: "#2f6fde", total: "#868e96", kv: "#7048e8",
-    cpu: "#2b8a3e", decode: "#d9480f", background: "#f2a77e", step: "#7048e8", target: "#c92a2a",
+    cpu: "#2b8a3e", decode: "#d9480f", background: "#f2a77e", verify: "#0c8599", step: "#7048e8", target: "#c92a2a",
     unbound: "rgba(134, 142, 150, 0.16)" };
   const AXIS = "#868e96";
 
@@ -146,8 +146,10 @@
 
   // A few steps are drawn as narrow bars on the right, not as slabs; fewer slots on a phone.
   const STEP_SLOTS_MIN = document.getElementById("c-steps").clientWidth < 500 ? 24 : 60;
-  // background, interactive and paused: null from an engine without priorities.
-  const NO_STEPS = { ago: [], decode: [], prompt: [], ms: [], seqs: [], background: null, interactive: null, paused: null };
+  // background, interactive and paused: null from an engine without priorities; verify and
+  // output: null from an engine without speculation.
+  const NO_STEPS = { ago: [], decode: [], prompt: [], ms: [], seqs: [], background: null, interactive: null, paused: null,
+    verify: null, output: null };
   let steps = { ...NO_STEPS, target: null, model: "" };
 
   const stepsElement = $("c-steps");
@@ -182,6 +184,10 @@
       {},
       { label: "prompt tokens", scale: "tok", fill: COLORS.prompt, stroke: COLORS.prompt, width: 0,
         paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
+      // A step's decode tokens in the colour of drafted ones, the streams' own token over it: what
+      // shows of the first is the drafted tokens verified (a part of the decode tokens).
+      { label: "drafted tokens verified", scale: "tok", fill: COLORS.verify, stroke: COLORS.verify, width: 0,
+        paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
       { label: "decode tokens", scale: "tok", fill: COLORS.decode, stroke: COLORS.decode, width: 0,
         paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
       { label: "background decode tokens", scale: "tok", fill: COLORS.background, stroke: COLORS.background, width: 0,
@@ -190,7 +196,7 @@
         points: { show: (u) => steps.ago.length < 90, size: 4, fill: COLORS.step } },
     ],
     hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], drawAxes: [drawUnbound], draw: [drawTarget] },
-  }, [[], [], [], [], []], stepsElement);
+  }, [[], [], [], [], [], []], stepsElement);
 
   // Behind the bars: the steps that carried no interactive stream, where the ITL target did not
   // bind (background work alone runs at the machine's best batch size, not under the target).
@@ -233,13 +239,16 @@
     }
     const d = steps.decode[i], p = steps.prompt[i], t = steps.ms[i];
     const background = steps.background ? steps.background[i] : 0;
+    const verify = steps.verify ? steps.verify[i] : 0;
     const parts = [];
-    if (d) parts.push(count(d, "decode token") + " (" + count(d, "stream") + " writing" + (background ? ", " + background + " of them background" : "") + ")");
+    if (d) parts.push(count(d, "decode token") + " (" + count(d - verify, "stream") + " writing" + (background ? ", " + background + " of them background" : "") +
+      (verify ? "; " + count(verify, "drafted token") + " verified" : "") + ")");
     if (p) parts.push(count(p, "prompt token") + " of a prompt being read");
+    const out = steps.output ? " · " + count(steps.output[i], "token") + " out" : "";
     let target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
     if (steps.interactive && !steps.interactive[i]) target = "; no interactive stream, so the ITL target did not bind";
     const paused = steps.paused && steps.paused[i] ? " · " + count(steps.paused[i], "request") + " paused" : "";
-    box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + " · ran " +
+    box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + out + " · ran " +
       msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch" + paused + ".";
   }
 
@@ -256,7 +265,7 @@
     text("steps-target", Math.round(targetMs) + " ms");
     if (!best) {
       steps = { ...NO_STEPS, target: targetMs, model: "" };
-      stepsPlot.setData([[], [], [], [], []]);
+      stepsPlot.setData([[], [], [], [], [], []]);
       legendFor(steps);
       text("steps-summary", "no engine step in the last minute: nothing is running");
       return;
@@ -267,8 +276,9 @@
     const x = s.ago.map((_, i) => i);
     const total = s.decode.map((d, i) => d + s.prompt[i] || null);
     const decode = s.decode.map((d) => d || null);
+    const own = s.decode.map((d, i) => d - (s.verify ? s.verify[i] : 0) || null);
     const background = (s.background || []).map((b) => b || null);
-    stepsPlot.setData([x, total, decode, background, s.ms]);
+    stepsPlot.setData([x, total, decode, own, background, s.ms]);
     legendFor(s);
     const withPrompt = s.prompt.filter((p) => p > 0).length;
     const mixed = s.prompt.filter((p, i) => p > 0 && s.decode[i] > 0).length;
@@ -281,14 +291,17 @@
     if (!bound.length) targetPart = "no interactive stream in any of them: the target did not bind";
     else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
     const pausedMost = s.paused ? Math.max(0, ...s.paused) : 0;
+    const drafting = s.verify ? s.verify.filter((v) => v > 0).length : 0;
     text("steps-summary", (models > 1 ? best.name + " · " : "") + "last " + count(n, "step") + " over " + duration(span) +
       " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " + targetPart +
-      (pausedMost ? " · up to " + count(pausedMost, "request") + " paused" : ""));
+      (pausedMost ? " · up to " + count(pausedMost, "request") + " paused" : "") +
+      (drafting ? " · " + drafting + " verified drafted tokens" : ""));
   }
 
   // The legend names background tokens and unbound steps only when the engine reports them.
   function legendFor(s) {
     $("legend-background").hidden = !s.background;
+    $("legend-verify").hidden = !s.verify;
     $("legend-unbound").hidden = !s.interactive;
     $("note-unbound").hidden = !s.interactive;
   }
@@ -354,7 +367,26 @@
       shares: combineShares(all),
       apps: Object.assign({}, ...all.map((p) => p.apps || {})),
       window_s: Math.max(0, ...models.map((m) => m.window_s || 0)) || 10,
+      step_yield: combineYields(models),
+      speculation: combineSpeculation(models),
     };
+  }
+
+  // Tokens per step per writing stream over every model's recent steps (panels.py step_yield);
+  // null when no engine says what its steps sampled.
+  function combineYields(models) {
+    const yields = models.map((m) => m.step_yield).filter(Boolean);
+    if (!yields.length) return null;
+    return { stream_steps: yields.reduce((acc, y) => acc + y.stream_steps, 0), tokens: yields.reduce((acc, y) => acc + y.tokens, 0) };
+  }
+
+  // Every model's speculation since its load, added up, with the modes they run in; null when
+  // no engine reports speculation.
+  function combineSpeculation(models) {
+    const readings = models.map((m) => m.speculation).filter(Boolean);
+    if (!readings.length) return null;
+    return { modes: [...new Set(readings.map((r) => r.mode))].sort(),
+      drafted: readings.reduce((acc, r) => acc + r.drafted, 0), accepted: readings.reduce((acc, r) => acc + r.accepted, 0) };
   }
 
   // Every worker's shares added up per share and priority; null when no engine reports them
@@ -572,6 +604,138 @@
       : "one box: this one");
   }
 
+  // --- kept prompts: each model's warm memory -------------------------------------------------
+
+  // panels.py PromptCachePanel, per worker and model: each tier against its bound, where the
+  // admissions found their cached tokens, the time it saved. A model without tiers says so.
+  const TIER_NAMES = { resident: "resident", ram: "RAM", disk: "disk", miss: "none" };
+  const rate = (v) => (none(v) ? "–" : v >= 1e9 ? (v / 1e9).toFixed(1) + " GB/s" : Math.round(v / 1e6) + " MB/s");
+
+  function tierBar(label, tier) {
+    const over = tier.bytes > tier.bound;
+    const row = bar(label, [{ cls: over ? "kept-over" : "kept-fill", value: tier.bytes, title: label + " tier" }], tier.bound,
+      bytes(tier.bytes) + " of " + bytes(tier.bound) + " · " + count(tier.entries, "prompt"));
+    if (over) row.classList.add("over-bound");
+    return row;
+  }
+
+  function keptTable(kept) {
+    const table = document.createElement("table");
+    table.className = "requests kept-table";
+    const head = document.createElement("tr");
+    [["found in", ""], ...Object.values(TIER_NAMES).map((name) => [name, "num"])].forEach(([label, cls]) => {
+      const th = document.createElement("th");
+      th.className = cls;
+      th.textContent = label;
+      head.append(th);
+    });
+    const requests = document.createElement("tr");
+    cell(requests, "requests");
+    Object.keys(TIER_NAMES).forEach((tier) => { cell(requests, String(kept.admitted[tier]), "num"); });
+    const tokens = document.createElement("tr");
+    cell(tokens, "tokens").title = "cached tokens reused: prompt tokens not read again";
+    Object.keys(TIER_NAMES).forEach((tier) => { cell(tokens, tier === "miss" ? "–" : kept.tokens[tier].toLocaleString("en"), "num"); });
+    const thead = document.createElement("thead");
+    thead.append(head);
+    const tbody = document.createElement("tbody");
+    tbody.append(requests, tokens);
+    table.append(thead, tbody);
+    const wrap = document.createElement("div");
+    wrap.className = "table-wrap";
+    wrap.append(table);
+    return wrap;
+  }
+
+  function keptCard(title, kept) {
+    const card = document.createElement("article");
+    card.className = "kept-model";
+    card.setAttribute("aria-label", "kept prompts of " + title);
+    const head = document.createElement("div");
+    head.className = "box-head";
+    const name = document.createElement("h3");
+    name.textContent = title;
+    const state = document.createElement("span");
+    state.className = "box-state" + (kept.enabled ? "" : " off");
+    state.textContent = kept.enabled ? (kept.disk ? "RAM and disk" : "RAM only") : "no warm memory";
+    head.append(name, state);
+    card.append(head);
+
+    const admitted = Object.values(kept.admitted).reduce((a, b) => a + b, 0);
+    const hits = admitted - kept.admitted.miss;
+    const fromTiers = kept.admitted.ram + kept.admitted.disk;
+    const figures = document.createElement("p");
+    figures.className = "box-figures kept-figures";
+    const figure = (label, value, title) => {
+      const span = document.createElement("span");
+      const b = document.createElement("b");
+      b.textContent = value;
+      span.append(b, " " + label);
+      if (title) span.title = title;
+      figures.append(span);
+    };
+    figure("of " + count(admitted, "request") + " found cached tokens", admitted ? pct((100 * hits) / admitted) : "–",
+      "requests admitted since the model loaded whose prompt began with tokens the box had read");
+    if (kept.enabled) {
+      figure("from RAM or disk", admitted ? pct((100 * fromTiers) / admitted) : "–", "of those requests, the ones restored from a tier");
+      figure("prompt time saved", ms(kept.saved_s), "what reading the restored tokens again would have taken, less the restores");
+    }
+    card.append(figures);
+
+    if (!kept.enabled) {
+      const note = document.createElement("p");
+      note.className = "muted small";
+      note.textContent = "No warm memory: finished turns stay only in their sequence slots, and a prompt is read again once its slot is needed (PROMPT_CACHE_RAM=0, or the runner cannot save a sequence).";
+      card.append(note, keptTable(kept));
+      return card;
+    }
+    const bars = document.createElement("div");
+    bars.className = "memory-bars kept-bars";
+    bars.append(tierBar("RAM", kept.ram));
+    if (kept.disk) bars.append(tierBar("disk", kept.disk));
+    else {
+      const ramOnly = document.createElement("p");
+      ramOnly.className = "muted small";
+      ramOnly.textContent = "No disk tier: prompts are kept in RAM only (PROMPT_CACHE_DISK=0, or its directory could not be used).";
+      bars.append(ramOnly);
+    }
+    card.append(bars, keptTable(kept));
+
+    const rates = document.createElement("p");
+    rates.className = "muted small";
+    // A rate is the engine's measurement once it has restored from that tier; before, it is
+    // the engine's prior (a guess low for any machine), which is not worth showing as a reading.
+    const restored = kept.admitted.ram + kept.admitted.disk;
+    const rateWords = restored ? " · restore rate " + rate(kept.restore_bytes_per_s) + " from RAM" +
+      (kept.disk && kept.admitted.disk ? ", " + rate(kept.disk_bytes_per_s) + " from disk" : "") : "";
+    rates.textContent = (restored ? "Restoring took " + ms(kept.restore_s) + rateWords : "Nothing restored yet") +
+      " · saved " + kept.saved + ", spilled to disk " + kept.spilled + ", dropped " + kept.dropped +
+      (kept.spill_failed ? ", failed to spill " + kept.spill_failed : "") + (kept.unreadable ? ", unreadable " + kept.unreadable : "");
+    card.append(rates);
+    return card;
+  }
+
+  function drawKept(all) {
+    const box = $("kept");
+    box.replaceChildren();
+    const several = all.length > 1;
+    const rows = all.flatMap((p) => Object.entries(p.models).filter(([, m]) => m.prompt_cache)
+      .map(([name, m]) => ({ title: (several ? p.worker + " · " : "") + name, kept: m.prompt_cache })));
+    if (!rows.length) {
+      const p = document.createElement("p");
+      p.className = "muted";
+      p.textContent = all.length ? "No model loaded: a model's kept prompts show here when it loads (those on disk wait for it)." : "no inference worker reporting";
+      box.append(p);
+      text("kept-summary", "warm memory: what the box has read, kept past its sequence slot");
+      return;
+    }
+    rows.sort((a, b) => a.title.localeCompare(b.title)).forEach((r) => box.append(keptCard(r.title, r.kept)));
+    const ram = rows.reduce((acc, r) => acc + (r.kept.ram ? r.kept.ram.bytes : 0), 0);
+    const disk = rows.reduce((acc, r) => acc + (r.kept.disk ? r.kept.disk.bytes : 0), 0);
+    const saved = rows.reduce((acc, r) => acc + r.kept.saved_s, 0);
+    text("kept-summary", rows.some((r) => r.kept.enabled) ? bytes(ram) + " in RAM · " + bytes(disk) + " on disk · " + ms(saved) + " of prompt reading saved since load"
+      : "no warm memory on this box");
+  }
+
   // --- the streams answering now -----------------------------------------------------------
 
   // A share's name: the consumer sends the names of the ids it saw (panels.apps); an id it
@@ -694,6 +858,7 @@
       : "no first token in the last " + label);
     text("t-itl-tail", itl ? count(itl.count, "gap") + " between tokens in the last " + label + " · max " + ms(itl.max)
       : "no tokens written in the last " + label);
+    drawDecodeSteps(a.step_yield, a.speculation);
     text("t-queue", String(a.queue_depth));
     text("t-active", String(a.active_sequences));
     text("t-active-tail", a.active_sequences ? a.prefilling + " reading · " + a.decoding + " writing" : "active now");
@@ -703,6 +868,22 @@
     text("t-cpu-tail", cores.length ? "busy now, " + cores[0] + " cores" : "busy now");
   }
 
+  // The generation tile's last lines: tokens per step (1 without speculation) and what
+  // speculation kept of what it drafted.
+  function drawDecodeSteps(yields, speculation) {
+    $("t-output-steps").hidden = !yields;
+    if (yields) {
+      text("t-output-steps", (yields.stream_steps ? (yields.tokens / yields.stream_steps).toFixed(2) : "–") + " tokens/step");
+    }
+    $("t-output-spec").hidden = !speculation;
+    if (!speculation) return;
+    // Short: the tile is narrow; its title says the rest.
+    let kept = " · none drafted yet";
+    if (speculation.drafted) kept = " · " + speculation.accepted + "/" + speculation.drafted + " drafts kept";
+    else if (speculation.modes.every((mode) => mode === "off")) kept = "";
+    text("t-output-spec", "speculation " + speculation.modes.join("/") + kept);
+  }
+
   function resetTiles() {
     // No worker reports: nothing runs that this page can see, so "now" reads 0, not the last value.
     drawTiles({ now: { prompt_tps: 0, output_tps: 0 }, window: null, queue_depth: 0, active_sequences: 0,
@@ -710,6 +891,7 @@
     drawStreams([], false, {});
     drawShares(null, {}, 10);
     drawSteps([]);
+    drawKept([]);
   }
 
   function sample() {
@@ -735,6 +917,7 @@
     drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1, a.apps);
     drawShares(a.shares, a.apps, a.window_s);
     drawSteps(a.panels);
+    drawKept(a.panels);
 
     // The page's own samples, then every chart drawn over the chosen window.
     sampleInto(history.seq, now, [a.queue_depth, a.active_sequences]);

@@ -106,6 +106,14 @@ def test_metrics_parse_and_move_after_a_request(http, admin_headers, chat_header
     assert total(after, "appliance_process_resident_memory_bytes") > 0
     assert 0 <= total(after, "appliance_kv_cache_usage_ratio", **labels) <= 1
     assert ("appliance_requests_waiting", tuple(sorted(labels.items()))) in after
+    # Warm memory: the request was admitted once, its cached tokens counted by tier; the RAM
+    # tier (on by default, sized from the machine) has its bound; speculation's counters exist.
+    tiers = ("resident", "ram", "disk", "miss")
+    assert sum(moved("appliance_prompt_cache_admissions_total", tier=t) for t in tiers) == 1
+    assert moved("appliance_prompt_cache_reused_tokens_total") == moved(
+        "appliance_cached_prompt_tokens_total")  # fmt: skip
+    assert total(after, "appliance_prompt_cache_bound_bytes", **labels, tier="ram") > 0
+    assert ("appliance_spec_decode_num_drafts_total", tuple(sorted(labels.items()))) in after
 
 
 def test_metrics_need_a_key_unless_public(http):

@@ -164,3 +164,89 @@ def test_a_malformed_split_falls_back_to_the_whole_histogram_and_never_fails_the
     assert found[("appliance_time_to_first_token_seconds_count", model)] == 3
     assert not [key for key in found if key[0].startswith("appliance_inter_token_latency")]
     assert found[("appliance_request_queue_time_seconds_count", model[::2])] == 1
+
+
+def warm_snapshot() -> dict:
+    """A worker whose engine keeps prompts in RAM and on disk and speculates, as
+    Engine.snapshot() reports them (inference.engine.tiers, inference.engine.speculation)."""
+    snapshot = snapshot_with_gpus()
+    snapshot["models"]["m"]["prompt_cache"] = {
+        "enabled": True,
+        "use": {"admitted": {"resident": 12, "ram": 5, "disk": 2, "miss": 6},
+                "tokens": {"resident": 5400, "ram": 2100, "disk": 900},
+                "restore_seconds": 0.08, "saved_seconds": 11.5},
+        "restore_bytes_per_s": 9.5e9, "disk_bytes_per_s": 1.2e9,
+        "ram": {"bytes": 700, "bound": 1024, "entries": 14, "peak": 900},
+        "disk": {"bytes": 3000, "entries": 40, "bound": 20000, "enabled": True},
+        "saved": 60, "spilled": 40, "dropped": 1, "conversations": ["ab12"],
+    }  # fmt: skip
+    snapshot["models"]["m"]["speculation"] = {
+        "enabled": True, "mode": "auto", "drafted": 48, "accepted": 47, "drafts": 6,
+        "verify_tokens": 48, "acceptance": 47 / 48, "table_contexts": 3,
+    }  # fmt: skip
+    return snapshot
+
+
+def test_each_tier_of_kept_prompts_is_exported_against_its_bound():
+    found = parsed([warm_snapshot()])
+
+    def tier(name: str, value: str) -> float:
+        return found[(name, (("model", "m"), ("tier", value), ("worker", "box-1")))]
+
+    assert tier("appliance_prompt_cache_bytes", "ram") == 700
+    assert tier("appliance_prompt_cache_bound_bytes", "ram") == 1024
+    assert tier("appliance_prompt_cache_entries", "ram") == 14
+    assert tier("appliance_prompt_cache_bytes", "disk") == 3000
+    assert tier("appliance_prompt_cache_bound_bytes", "disk") == 20000
+    assert tier("appliance_prompt_cache_entries", "disk") == 40
+    admissions = "appliance_prompt_cache_admissions_total"
+    assert [tier(admissions, t) for t in ("resident", "ram", "disk", "miss")] == [12, 5, 2, 6]
+    reused = "appliance_prompt_cache_reused_tokens_total"
+    assert [tier(reused, t) for t in ("resident", "ram", "disk")] == [5400, 2100, 900]
+    model = (("model", "m"), ("worker", "box-1"))
+    assert found[("appliance_prompt_cache_saved_seconds_total", model)] == 11.5
+    assert found[("appliance_prompt_cache_restore_seconds_total", model)] == 0.08
+    # Bounded labels: the tiers and miss, never a conversation, a key or a person.
+    tiers = {dict(labels).get("tier") for _, labels in found} - {None}
+    assert tiers == {"resident", "ram", "disk", "miss"}
+    assert not [key for key in found if "ab12" in str(key)]
+
+
+def test_speculation_counters_are_named_as_vllm_names_them():
+    found = parsed([warm_snapshot()])
+    model = (("model", "m"), ("worker", "box-1"))
+    assert found[("appliance_spec_decode_num_draft_tokens_total", model)] == 48
+    assert found[("appliance_spec_decode_num_accepted_tokens_total", model)] == 47
+    assert found[("appliance_spec_decode_num_drafts_total", model)] == 6
+
+
+def test_without_warm_memory_only_the_resident_reuse_is_exported():
+    snapshot = warm_snapshot()
+    cache = snapshot["models"]["m"]["prompt_cache"]
+    snapshot["models"]["m"]["prompt_cache"] = {"enabled": False, "use": cache["use"]}
+    ram_only = warm_snapshot()
+    ram_only["models"]["m"]["prompt_cache"]["disk"]["enabled"] = False
+    found, in_ram = parsed([snapshot]), parsed([ram_only])
+    assert not [key for key in found if key[0].startswith("appliance_prompt_cache_bytes")]
+    admissions = ("model", "m"), ("tier", "resident"), ("worker", "box-1")
+    assert found[("appliance_prompt_cache_admissions_total", admissions)] == 12
+    tiers = {dict(labels)["tier"] for name, labels in in_ram
+             if name == "appliance_prompt_cache_bytes"}  # fmt: skip
+    assert tiers == {"ram"}
+
+
+def test_an_engine_from_before_warm_memory_and_junk_give_no_series_and_no_error():
+    assert not [key for key in parsed([snapshot_with_gpus()]) if "prompt_cache" in key[0]
+                or "spec_decode" in key[0]]  # fmt: skip
+    snapshot = warm_snapshot()
+    engine = snapshot["models"]["m"]
+    engine["prompt_cache"]["ram"] = {"bytes": "lots", "bound": float("nan"), "entries": -1}
+    engine["prompt_cache"]["use"]["admitted"] = ["resident"]
+    engine["speculation"] = {"drafted": True, "accepted": float("inf"), "drafts": 2}
+    found = parsed([snapshot])
+    assert not [key for key in found if key[0] == "appliance_prompt_cache_bytes"
+                and dict(key[1])["tier"] == "ram"]  # fmt: skip
+    assert not [key for key in found if key[0] == "appliance_prompt_cache_admissions_total"]
+    model = (("model", "m"), ("worker", "box-1"))
+    assert found[("appliance_spec_decode_num_drafts_total", model)] == 2
+    assert ("appliance_spec_decode_num_draft_tokens_total", model) not in found

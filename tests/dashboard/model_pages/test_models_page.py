@@ -95,6 +95,19 @@ def test_save_and_reload_applies_load_settings_in_one_click(staff, tiny_model, f
     assert "Loaded with earlier settings" not in detail(staff, tiny_model)
 
 
+def test_turning_speculation_off_is_applied_by_save_and_reload(staff, tiny_model, fake_engine):
+    staff.post(reverse("model-apply", args=[tiny_model.name]), VALID)
+    load(staff, tiny_model)
+    assert loaded_config(fake_engine, tiny_model).speculative == "auto"
+
+    response = staff.post(reverse("model-apply", args=[tiny_model.name]),
+                          {**VALID, "speculative": "off"})  # fmt: skip
+
+    assert flashes(response)[-1].startswith(
+        f"Settings of {tiny_model.name} saved and applied: reloaded")  # fmt: skip
+    assert loaded_config(fake_engine, tiny_model).speculative == "off"
+
+
 def test_save_and_reload_skips_the_reload_when_nothing_needs_one(staff, tiny_model,
                                                                 fake_engine):  # fmt: skip
     staff.post(reverse("model-apply", args=[tiny_model.name]), VALID)  # not loaded: saved

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.django_db
 
 VALID = {
     "n_ctx": 256, "n_gpu_layers": -1, "n_threads": 2, "n_batch": 512, "n_ubatch": 256,
-    "kv_type": "f16", "parallel": 2, "keep_alive": "10m", "system_prompt": "Be brief.",
+    "kv_type": "f16", "parallel": 2, "speculative": "auto", "keep_alive": "10m",
+    "system_prompt": "Be brief.",
     "sampling_temperature": "0.2", "sampling_top_k": "20", "chat_template_override": "",
 }  # fmt: skip
 
@@ -59,6 +60,8 @@ def test_a_context_of_0_is_saved_as_automatic(staff, tiny_model):
     ({"kv_type": "q8_0"}, "kv_type", "needs flash attention"),
     ({"kv_type": "q2"}, "kv_type", "Select a valid choice"),
     ({"keep_alive": "soon"}, "keep_alive", "keep_alive must be a duration"),
+    ({"speculative": "always"}, "speculative", "Select a valid choice"),  # the box's, not a model's
+    ({"speculative": ""}, "speculative", "This field is required"),
     ({"sampling_temperature": "9"}, "sampling_temperature", "less than or equal to 5.0"),
     ({"sampling_temperature": "-0.1"}, "sampling_temperature", "greater than or equal to 0.0"),
     ({"sampling_top_p": "1.5"}, "sampling_top_p", "less than or equal to 1.0"),
@@ -125,3 +128,14 @@ def test_default_sampling_is_a_small_form_that_keeps_what_it_has_no_field_for(st
     }
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "User:\n###</textarea>" in page
+
+
+def test_speculation_can_be_turned_off_for_one_model_and_it_reaches_its_load(staff, tiny_model):
+    from inference.catalog.specs import spec_for
+
+    page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
+    assert 'name="speculative"' in page and "SPECULATIVE_DECODING=off" in page
+    assert post(staff, tiny_model, speculative="off").status_code == 302
+    tiny_model.refresh_from_db()
+    assert tiny_model.speculative == "off"
+    assert spec_for(tiny_model).config.speculative == "off"  # what the runner is started with

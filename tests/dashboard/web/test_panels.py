@@ -215,7 +215,7 @@ def test_the_step_columns_of_background_work_are_kept_aligned_and_bounded():
               "interactive": [7, -1, "x"]}  # fmt: skip
     cut = panels({"models": {"m": {"steps": ragged}}})["models"]["m"]["steps"]
     json.dumps(cut, allow_nan=False)
-    assert {len(column) for column in cut.values()} == {2}  # the common tail
+    assert {len(column) for column in cut.values() if column is not None} == {2}  # common tail
     assert (cut["paused"], cut["interactive"]) == ([1, 0], [0, 0])
 
 
@@ -251,3 +251,134 @@ def test_share_rows_from_a_worker_are_not_trusted_as_they_come():
     (stream,) = result["streams"]
     assert (stream["share"], stream["priority"], stream["paused"]) == (None, "interactive", False)
     assert panels({"models": {"m": {"shares": {"apikey:1": {}}}}})["shares"] is None
+
+
+def warm_engine() -> dict:
+    """An engine with warm memory and speculation, as Engine.snapshot() gives them: a RAM tier
+    near its bound, a disk tier, admissions from every tier, and a stream that drafts."""
+    return {
+        "prompt_cache": {
+            "enabled": True,
+            "use": {"admitted": {"resident": 12, "ram": 5, "disk": 2, "miss": 6},
+                    "tokens": {"resident": 5400, "ram": 2100, "disk": 900},
+                    "restore_seconds": 0.08, "saved_seconds": 11.5},
+            "restore_bytes_per_s": 9.5e9, "disk_bytes_per_s": 1.2e9,
+            "ram": {"bytes": 700 << 20, "bound": 1 << 30, "entries": 14, "peak": 900 << 20},
+            "disk": {"bytes": 3 << 30, "entries": 40, "bound": 20 << 30, "enabled": True},
+            "saved": 60, "spilled": 40, "dropped": 1, "fetched": 2, "unreadable": 1,
+            "spill_failed": 0, "forgotten": 3, "conversations": ["ab12", "cd34"],
+        },
+        "speculation": {"enabled": True, "mode": "auto", "drafted": 48, "accepted": 47,
+                        "drafts": 6, "verify_tokens": 48, "acceptance": 47 / 48,
+                        "table_contexts": 120},
+        # Three steps: one stream drafting 8 and keeping 7 (8 tokens written), the same with a
+        # prompt chunk read beside it, two streams without drafts.
+        "steps": {"ago": [3.0, 2.0, 1.0], "decode": [9, 9, 2], "prompt": [0, 64, 0],
+                  "ms": [40.0, 90.0, 30.0], "seqs": [1, 2, 2],
+                  "verify": [8, 8, 0], "output": [8, 9, 2]},
+    }  # fmt: skip
+
+
+def test_the_kept_prompts_panel_shows_each_tier_against_its_bound_and_what_it_served():
+    result = panels({"models": {"m": warm_engine()}})
+    json.dumps(result, allow_nan=False)
+    kept = result["models"]["m"]["prompt_cache"]
+    assert kept["enabled"] is True
+    assert kept["ram"] == {"bytes": 700 << 20, "bound": 1 << 30, "entries": 14}
+    assert kept["disk"] == {"bytes": 3 << 30, "bound": 20 << 30, "entries": 40}
+    assert kept["admitted"] == {"resident": 12, "ram": 5, "disk": 2, "miss": 6}
+    assert kept["tokens"] == {"resident": 5400, "ram": 2100, "disk": 900}
+    assert (kept["saved_s"], kept["restore_s"]) == (11.5, 0.08)
+    assert (kept["restore_bytes_per_s"], kept["disk_bytes_per_s"]) == (9.5e9, 1.2e9)
+    assert (kept["saved"], kept["spilled"], kept["dropped"], kept["unreadable"]) == (60, 40, 1, 1)
+    assert "conversations" not in kept  # digests for the router, nothing for a person
+
+
+def test_without_warm_memory_the_panel_says_so_and_keeps_the_resident_reuse():
+    engine = warm_engine()
+    engine["prompt_cache"] = {
+        "enabled": False, "restore_bytes_per_s": 2e9, "disk_bytes_per_s": 2e8,
+        "use": {"admitted": {"resident": 3, "ram": 0, "disk": 0, "miss": 1},
+                "tokens": {"resident": 800, "ram": 0, "disk": 0},
+                "restore_seconds": 0.0, "saved_seconds": 0.0},
+    }  # fmt: skip
+    kept = panels({"models": {"m": engine}})["models"]["m"]["prompt_cache"]
+    assert kept["enabled"] is False
+    assert (kept["ram"], kept["disk"], kept["restore_bytes_per_s"]) == (None, None, None)
+    assert kept["admitted"]["resident"] == 3 and kept["tokens"]["resident"] == 800
+    # A RAM tier alone: no disk panel, no disk rate.
+    ram_only = warm_engine()
+    ram_only["prompt_cache"]["disk"] = {"bytes": 0, "entries": 0, "bound": 0, "enabled": False}
+    kept = panels({"models": {"m": ram_only}})["models"]["m"]["prompt_cache"]
+    assert kept["ram"] is not None and kept["disk"] is None and kept["disk_bytes_per_s"] is None
+
+
+def test_kept_prompt_figures_from_a_worker_are_not_trusted_as_they_come():
+    junk = {"enabled": True, "use": {"admitted": {"ram": "5", "miss": -4, "disk": float("nan")},
+                                     "tokens": [1, 2], "saved_seconds": float("inf")},
+            "restore_bytes_per_s": -1.0, "disk_bytes_per_s": "fast",
+            "ram": {"bytes": 2 << 30, "bound": 1 << 30, "entries": True},
+            "disk": {"enabled": "yes", "bytes": 5}, "saved": None, "dropped": "1"}  # fmt: skip
+    kept = panels({"models": {"m": {"prompt_cache": junk}}})["models"]["m"]["prompt_cache"]
+    json.dumps(kept, allow_nan=False)
+    assert kept["admitted"] == {"resident": 0, "ram": 0, "disk": 0, "miss": 0}
+    assert kept["tokens"] == {"resident": 0, "ram": 0, "disk": 0}
+    assert (kept["saved_s"], kept["restore_bytes_per_s"]) == (0.0, None)
+    # Over its bound is shown as it is: that the bound holds is what the panel is for.
+    assert kept["ram"] == {"bytes": 2 << 30, "bound": 1 << 30, "entries": 0}
+    assert kept["disk"] is None  # "yes" is not true
+    assert kept["saved"] == 0 and kept["dropped"] == 0
+    assert panels({"models": {"m": {"prompt_cache": "on"}}})["models"]["m"]["prompt_cache"] is None
+
+
+def test_speculation_shows_what_was_drafted_and_kept_and_tokens_per_step():
+    model = panels({"models": {"m": warm_engine()}})["models"]["m"]
+    speculation = model["speculation"]
+    assert speculation == {"enabled": True, "mode": "auto", "drafted": 48, "accepted": 47,
+                           "drafts": 6, "acceptance": 47 / 48}  # fmt: skip
+    # The step that read a prompt is left out (its prompt's first token is sampled too): one
+    # stream's step wrote 8 tokens, then two streams wrote one each.
+    assert model["step_yield"] == {"stream_steps": 3, "tokens": 10}
+    assert model["steps"]["verify"] == [8, 8, 0] and model["steps"]["output"] == [8, 9, 2]
+
+
+def test_speculation_figures_from_a_worker_are_not_trusted_as_they_come():
+    engine = {"speculation": {"enabled": True, "mode": "<b>turbo</b>", "drafted": 10,
+                              "accepted": 50, "acceptance": 5.0},
+              "steps": {"ago": [1.0, 2.0], "decode": [2, 1], "prompt": [0, 0], "ms": [1.0, 1.0],
+                        "seqs": [1, 1], "verify": [9, -3], "output": [3, "x"]}}  # fmt: skip
+    model = panels({"models": {"m": engine}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    assert model["speculation"]["mode"] == "unknown"
+    assert model["speculation"]["accepted"] == 10  # never more than were drafted
+    assert model["speculation"]["acceptance"] == 1.0
+    assert model["steps"]["verify"] == [2, 0]  # a part of the decode tokens, never more
+    assert model["step_yield"] == {"stream_steps": 1, "tokens": 0}  # the first step: all verify
+    off = panels({"models": {"m": {"speculation": {"enabled": False}}}})["models"]["m"]
+    assert (off["speculation"]["mode"], off["speculation"]["acceptance"]) == ("off", None)
+
+
+def test_an_engine_from_before_warm_memory_and_speculation_reads_as_before():
+    old = {"steps": {"ago": [1.0], "decode": [1], "prompt": [0], "ms": [20.0], "seqs": [1]}}
+    model = panels({"models": {"m": old}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    assert (model["prompt_cache"], model["speculation"], model["step_yield"]) == (None, None, None)
+    assert (model["steps"]["verify"], model["steps"]["output"]) == (None, None)
+
+
+def test_a_real_engine_snapshot_gives_the_warm_memory_and_speculation_panels():
+    from inference.engine.engine import Engine
+    from inference.engine.speculation.policy import Speculation
+    from inference.engine.tiers import PromptStore
+    from tests.inference.engine.fakes import FakeRunner
+
+    engine = Engine(FakeRunner(), name="m", prompts=PromptStore(1 << 20),
+                    speculation=Speculation("auto")).start()  # fmt: skip
+    try:
+        model = panels({"models": {"m": engine.snapshot()}})["models"]["m"]
+    finally:
+        engine.shutdown()
+    json.dumps(model, allow_nan=False)
+    assert model["prompt_cache"]["enabled"] and model["prompt_cache"]["ram"]["bound"] == 1 << 20
+    assert model["speculation"]["mode"] == "auto"
+    assert model["step_yield"] == {"stream_steps": 0, "tokens": 0}  # no step yet
