@@ -18,6 +18,7 @@ from pathlib import Path
 
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.tiers import files
+from inference.engine.tiers.config import FLUSH_S
 from inference.engine.tiers.entries import model_key
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,10 @@ def forget(
     key = None
     if model is not None:
         key = model_key(model.sha256 or f"file:{os.path.abspath(model.config.model_path)}")
+    # A runner unloaded a moment ago may still be writing its RAM tier: waited for, up to the
+    # flush's own bound, so what it writes is forgotten too.
     on_disk = files.forget(Path(directory), model_key=key, partition=partition,
-                           everything=everything)  # fmt: skip
+                           everything=everything, wait_s=FLUSH_S)  # fmt: skip
     if loaded or on_disk:
         log.info("forgot %d kept prompts%s%s", loaded + on_disk,
                  f" of {model.name}" if model else "",

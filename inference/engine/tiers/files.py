@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import struct
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,16 +200,24 @@ def is_locked(directory: Path) -> bool:
 
 
 def forget(worker_dir: Path, *, model_key: str | None = None, partition: str | None = None,
-           everything: bool = False) -> int:  # fmt: skip
+           everything: bool = False, wait_s: float = 0.0) -> int:  # fmt: skip
     """Delete kept prompts under a worker's directory that no runner holds: a model's
     (`model_key`), a partition's (`partition`), or with `everything` all of the model's (or of
-    every model); returns the entries deleted. A directory a runner holds is its runner's to
-    forget (Engine.forget_prompts)."""
+    every model); returns the entries deleted. A directory a serving runner holds is its
+    runner's to forget (Engine.forget_prompts); one a stopped runner still writes its RAM tier
+    to ("flushing": an unload a moment ago) is waited for, up to `wait_s`."""
     models = [Path(worker_dir) / model_key] if model_key else sorted(Path(worker_dir).glob("*"))
     deleted = 0
+    deadline = time.monotonic() + wait_s
     for model_dir in models:
         for directory in sorted(model_dir.glob("*")):
-            if not directory.is_dir() or is_locked(directory):
+            if not directory.is_dir():
+                continue
+            while is_locked(directory) and marked(directory) == "flushing":
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.1)
+            if is_locked(directory):
                 continue
             for path in entry_files(directory):
                 if everything or _partition_of(path) in (partition, _UNREADABLE):

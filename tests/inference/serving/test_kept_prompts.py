@@ -1,6 +1,9 @@
 """Forgetting kept prompts on a box: a loaded model's runner drops its own, the files of models
 that are not loaded are deleted from disk, one partition's or everything of one model."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -77,3 +80,21 @@ def test_loaded_engines_forget_their_own(tmp_path):
 def test_forgetting_nobody_in_particular_is_refused(tmp_path, host):
     with pytest.raises(ValueError):
         forget(host, tmp_path)
+
+
+def test_a_runner_still_writing_its_ram_tier_after_an_unload_is_waited_for(tmp_path, host):
+    kept_on_disk(tmp_path, SHA, ["apikey:1"])
+    stopping = PromptStore(1 << 20, DiskTier(tmp_path, layout(SHA), 1 << 30)).open()
+    stopping.put("apikey:1", "late", list(range(500, 520)), bytearray(b"l" * 64))
+    stopping.disk.flushing()  # stopped: its RAM tier is on its way to disk
+
+    def finish() -> None:
+        time.sleep(0.5)
+        stopping.flush(10)
+        stopping.close()
+
+    writer = threading.Thread(target=finish)
+    writer.start()
+    forgotten = forget(host, tmp_path, model=spec(SHA), everything=True)
+    writer.join()
+    assert forgotten.on_disk == 2 and not (tmp_path / SHA).exists()
