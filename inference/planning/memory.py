@@ -58,6 +58,7 @@ class MemoryEstimate:
     n_ctx_total: int
     kv_type: str
     ctx_per_seq: int = 0  # the context per sequence it was sized for (0: not given)
+    reason: str = ""  # what the fit chose for these settings, and why (planning.fitting)
 
     @property
     def total_bytes(self) -> int:
@@ -77,6 +78,7 @@ class MemoryEstimate:
 class AvailableMemory:
     ram_bytes: int | None  # None: unknown (no psutil)
     gpu_bytes: int | None  # free on all visible GPUs together; None: no GPU, or no NVML
+    gpu_count: int = 1  # the visible GPUs that gpu_bytes adds up (each keeps a fitting margin)
 
 
 def kv_bytes_per_element(kv_type: str) -> Fraction:
