@@ -170,7 +170,7 @@ def _fit_to_gpu(info, settings, available, min_ctx, estimate) -> Fitted:
             tried.setdefault(kv_type, []).append(ctx)
     ctx, kv_type = candidates[-1], kv_types[-1]
     layers, found = 0, sized(ctx, kv_type, 0)
-    for n in range(found.n_layers, 0, -1):
+    for n in range(found.n_layers, 0, -1):  # llama.cpp's count: n_layers + 1 is every layer
         candidate = sized(ctx, kv_type, n)
         if _fits(candidate, room):
             layers, found = n, candidate
@@ -178,8 +178,9 @@ def _fit_to_gpu(info, settings, available, min_ctx, estimate) -> Fitted:
     ctx_words = "as set" if asked else "the floor"
     return Fitted(ctx, kv_type, layers, settings["n_batch"], found, (
         f"{card}: {ctx} tokens per sequence ({ctx_words}), KV cache {kv_type}"
-        f"{_kv_words(kv, kv_type, ctx)}, {layers} of {found.n_layers} layers on "
-        f"the GPU and the rest in RAM: not every layer fits even so"))  # fmt: skip
+        f"{_kv_words(kv, kv_type, ctx)}, {layers} of {found.n_layers + 1} layers on the GPU "
+        f"(llama.cpp's count: the blocks and the output layer), the rest in RAM: not every "
+        f"layer fits even so"))  # fmt: skip
 
 
 def _whole(settings, ctx, kv_type, found, card, ctx_words, kv_words) -> Fitted:

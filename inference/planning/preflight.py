@@ -113,7 +113,7 @@ def _free_for(
         # Its weights are mmapped pages the OS counts as free already; its KV cache and
         # compute buffers (and everything it holds on the GPU) are freed by the unload. The
         # split between GPU and RAM is check_fits's.
-        on_gpu = gpu is not None and loaded.gpu_layers > 0
+        on_gpu = gpu is not None and loaded.gpu_bytes > 0
         kv_and_compute = loaded.kv_cache_bytes + loaded.compute_bytes
         if on_gpu:
             gpu += loaded.gpu_bytes

@@ -87,7 +87,7 @@ def test_then_layers_stay_in_ram_as_few_as_need_to(starter_path, monkeypatch):
     config = sized.config
     assert (config.ctx_per_seq, config.kv_type, config.n_gpu_layers) == (2048, "q8_0", 20)
     assert config.n_batch == 512  # the batch is raised only with every layer on the GPU
-    assert "20 of 30 layers on the GPU and the rest in RAM" in sized.fitted
+    assert "20 of 31 layers on the GPU (llama.cpp's count" in sized.fitted
 
 
 def test_without_flash_attention_the_kv_cache_stays_f16(starter_path, monkeypatch):
