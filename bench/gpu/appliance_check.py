@@ -186,10 +186,15 @@ def memory_check(estimate: dict, metrics: dict) -> dict:
     """The estimate's GPU part against NVML's count for the runner process (CUDA's own context
     included) and against what llama.cpp says it allocated (its buffers alone)."""
     nvml = sum(s["value"] for s in metrics.get("appliance_runner_gpu_memory_bytes", []))
-    buffers = sum(s["value"] for s in metrics.get("appliance_runner_gpu_buffer_bytes", []))
+    by_part = {s["part"]: s["value"] for s in metrics.get("appliance_runner_gpu_buffer_bytes", [])}
+    buffers = sum(by_part.values())
     estimated = estimate["gpu_bytes"]
     check = {"estimate_gpu_bytes": estimated, "nvml_runner_bytes": nvml or None,
-             "llama_cpp_gpu_buffer_bytes": buffers or None}  # fmt: skip
+             "llama_cpp_gpu_buffer_bytes": buffers or None,
+             "parts": {part: {"estimate": estimate[f"gpu_{key}_bytes"],
+                              "llama_cpp": by_part.get(part)}
+                       for part, key in (("weights", "weights"), ("kv", "kv_cache"),
+                                         ("compute", "compute"))}}  # fmt: skip
     if nvml:
         check["estimate_over_nvml"] = round(estimated / nvml, 4)
         check["within_10_percent_of_nvml"] = abs(estimated - nvml) <= 0.10 * nvml

@@ -61,18 +61,75 @@ def unpack(source: Path, into: Path) -> Path:
     return into / top
 
 
+def toolkit_has_cublas(nvcc: str) -> bool:
+    home = Path(nvcc).resolve().parent.parent
+    return any(home.glob("lib*/libcublas.so*")) or any(home.glob("targets/*/lib/libcublas.so*"))
+
+
+def pip_cublas(paths: list[str] | None = None) -> tuple[Path, Path] | None:
+    """(lib folder, include folder) of cuBLAS in a pip package (nvidia-cublas, which PyTorch's
+    CUDA wheels bring), for a CUDA toolkit installed without it: ggml's CUDA backend links
+    cuBLAS. None when no package has both the library and its headers."""
+    for entry in paths if paths is not None else sys.path:
+        nvidia = Path(entry or ".") / "nvidia"
+        if not nvidia.is_dir():
+            continue
+        for library in sorted(nvidia.rglob("libcublas.so*")):
+            for include in (library.parent.parent / "include", library.parent / "include"):
+                if (include / "cublas_v2.h").exists():
+                    return library.parent, include
+    return None
+
+
+def cublas_options(lib: Path, include: Path) -> list[str]:
+    """CMake's FindCUDAToolkit told where cuBLAS is: its cached library paths, and the headers
+    on the include path of CUDA and C++ sources."""
+    options = []
+    for name in ("cublas", "cublasLt"):
+        found = sorted(lib.glob(f"lib{name}.so*"), key=lambda p: len(p.name))
+        if found:
+            options.append(f"-DCUDA_{name}_LIBRARY={found[0]}")
+    flags = f"-I{include}"
+    return options + [f"-DCMAKE_CUDA_FLAGS={flags}", f"-DCMAKE_CXX_FLAGS={flags}"]
+
+
+DRIVER_FOLDERS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/x86_64-linux-gnu",
+                  "/usr/lib64", "/usr/lib/wsl/lib")  # fmt: skip
+
+
+def driver_options(nvcc: str) -> list[str]:
+    """How ggml's CUDA backend links the driver library (libcuda, for its virtual-memory pool):
+    CMake finds the toolkit's stub by itself; a toolkit without stubs is given the driver's own
+    library (a container's driver mount); with neither, the pool without VMM (GGML_CUDA_NO_VMM),
+    which needs no libcuda at link time."""
+    home = Path(nvcc).resolve().parent.parent
+    if any(home.glob("lib*/stubs/libcuda.so")) or any(home.glob("targets/*/lib/stubs/libcuda.so")):
+        return []
+    for folder in DRIVER_FOLDERS:
+        found = sorted(Path(folder).glob("libcuda.so*"), key=lambda p: len(p.name))
+        if found:
+            return [f"-DCUDA_cuda_driver_LIBRARY={found[0]}"]
+    return ["-DGGML_CUDA_NO_VMM=ON"]
+
+
 def build_llama(source: Path, build: Path, log: Path, *, cuda_architectures: str | None,
                 timeout: float, jobs: int | None = None) -> dict:  # fmt: skip
     """Configure and build TARGETS; returns the options, the bin folder and the seconds."""
     started = time.perf_counter()
     options = list(CMAKE_OPTIONS)
-    if cuda_architectures:
-        options += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}"]
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     env = dict(os.environ)
     nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    if cuda_architectures and os.access(nvcc, os.X_OK):
-        env["CUDACXX"] = nvcc
+    cublas = None
+    if cuda_architectures:
+        options += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}"]
+        if os.access(nvcc, os.X_OK):
+            env["CUDACXX"] = nvcc
+            options += driver_options(nvcc)
+            if not toolkit_has_cublas(nvcc) and (cublas := pip_cublas()) is not None:
+                options += cublas_options(*cublas)
+                env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                    filter(None, [str(cublas[0]), env.get("LD_LIBRARY_PATH")]))
     deadline = time.monotonic() + timeout
     run_logged(["cmake", "-S", str(source / "vendor" / "llama.cpp"), "-B", str(build),
                 *generator, *options], log, timeout=timeout, env=env)  # fmt: skip
@@ -81,6 +138,7 @@ def build_llama(source: Path, build: Path, log: Path, *, cuda_architectures: str
                 "--target", *TARGETS], log, timeout=max(1.0, deadline - time.monotonic()),
                env=env)  # fmt: skip
     return {"cmake_options": options, "bin": str(build / "bin"),
+            "cublas_from_pip": str(cublas[0]) if cublas else None,
             "configure_seconds": round(configured, 1),
             "seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
 
@@ -98,9 +156,12 @@ def assemble_llama_cpp(source: Path, bin_dir: Path, site: Path) -> Path:
     return package
 
 
-def gpu_offload(python_path: str) -> bool | None:
+def gpu_offload(python_path: str, library_path: str | None = None) -> bool | None:
     """What the assembled llama_cpp says: llama_supports_gpu_offload(), in a fresh process."""
     env = {**os.environ, "PYTHONPATH": python_path}
+    if library_path:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [library_path,
+                                                               env.get("LD_LIBRARY_PATH")]))
     done = subprocess.run([sys.executable, "-c", "import llama_cpp; "
                            "print(llama_cpp.llama_supports_gpu_offload())"],
                           capture_output=True, text=True, env=env, timeout=120)  # fmt: skip

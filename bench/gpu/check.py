@@ -187,7 +187,7 @@ def server_stall_step(binary: Path, model: Path, sizes: dict, threads: int) -> d
     from bench.gpu.server_stall import server_stall
     from bench.servers import LlamaServer
 
-    server = LlamaServer(str(binary), str(model), threads, parallel=4,
+    server = LlamaServer(str(binary), str(model), threads, parallel=2,
                          ctx_per_seq=sizes["ctx_per_seq"],
                          extra=("-ngl", "99", "-fa", "on", "-b", "2048", "-ub", "512"))  # fmt: skip
     target = server.start()
@@ -244,6 +244,10 @@ def main() -> int:
         if built is None:  # nothing to measure: say why, with the build's log
             return finish(check, work, args.out)
         bin_dir = Path(built["bin"])
+        if built.get("cublas_from_pip"):  # the toolkit had none: the libraries find pip's
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                filter(None, [built["cublas_from_pip"], env.get("LD_LIBRARY_PATH")]))
+            os.environ["LD_LIBRARY_PATH"] = env["LD_LIBRARY_PATH"]
         env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), env.get("PYTHONPATH", "")])
         sys.path.insert(0, str(site))
     else:
@@ -257,10 +261,16 @@ def main() -> int:
         path = bin_dir / name if bin_dir else None
         return path if path is not None and path.exists() else None
 
-    config = {"model_path": str(model), "ctx_per_seq": sizes["ctx_per_seq"], "parallel": 4,
-              "cache_slots": 0, "n_batch": 2048, "n_ubatch": 512, "n_gpu_layers": -1,
-              "n_threads": threads, "flash_attn": True, "kv_type": "f16",
-              "use_extra_bufts": True}  # fmt: skip
+    # The engine as the fit loads it on a GPU (every layer, a 2048-token batch, f16 KV, flash
+    # attention), with make bench's slots: 4 running and 4 cached for the basic figures (one of
+    # the 8 is kept for a person's first request, so four streams run together), 2 for the
+    # stall scenario, as llama-server gets them (-np 2).
+    config = {"model_path": str(model), "ctx_per_seq": 2048, "parallel": 4, "cache_slots": 4,
+              "n_batch": 2048, "n_ubatch": 512, "n_gpu_layers": -1, "n_threads": threads,
+              "flash_attn": True, "kv_type": "f16", "use_extra_bufts": True}  # fmt: skip
+    stall_config = dict(config, ctx_per_seq=sizes["ctx_per_seq"], parallel=2, cache_slots=0)
+    check.result["config"] = {"engine": config, "stall": stall_config,
+                              "itl_target_s": ITL_TARGET_S, "sizes": sizes}  # fmt: skip
     if tool("llama-bench"):
         bench = check.step("llama_bench", 30, llama_bench, tool("llama-bench"), model, sizes,
                            threads)  # fmt: skip
@@ -282,7 +292,7 @@ def main() -> int:
                                         model, sizes, threads)  # fmt: skip
     else:
         check.skip("batched", "no llama-batched-bench built")
-    stall_args = {"config": config, "itl_target": ITL_TARGET_S, "b_tokens": sizes["b_tokens"],
+    stall_args = {"config": stall_config, "itl_target": ITL_TARGET_S, "b_tokens": sizes["b_tokens"],
                   "a_tokens": sizes["a_tokens"], "a_warm_tokens": sizes["a_warm_tokens"],
                   "chunked": True, "salt": 800, "warm": True}  # fmt: skip
     figures["engine_stall"] = check.step("engine_stall", 40, run_side, "engine_stall", stall_args,
@@ -331,7 +341,7 @@ def build_all(args, site: Path, work: Path, mode: str, check: Check) -> dict:
                              timeout=max(60.0, check.left() - 200))  # fmt: skip
     build.assemble_llama_cpp(source, Path(made["bin"]), site)
     python_path = os.pathsep.join([str(site), str(ROOT)])
-    made["gpu_offload"] = build.gpu_offload(python_path)
+    made["gpu_offload"] = build.gpu_offload(python_path, made.get("cublas_from_pip"))
     made["architectures"] = architectures
     return made
 

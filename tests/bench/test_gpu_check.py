@@ -97,3 +97,28 @@ def test_the_figures_become_the_issues_goals():
 def test_a_goal_whose_step_did_not_run_is_not_measured_rather_than_missed():
     (row,) = [row for row in goals({}) if row["figure"] == "decode_ratio"]
     assert row["met"] is None and row["value"] is None
+
+
+def test_a_toolkit_without_cublas_builds_against_the_one_pytorchs_wheels_bring(tmp_path):
+    from bench.gpu.build import cublas_options, pip_cublas, toolkit_has_cublas
+
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "bin").mkdir(parents=True)
+    (toolkit / "lib64").mkdir()
+    (toolkit / "lib64" / "libcudart.so.13").touch()
+    assert not toolkit_has_cublas(str(toolkit / "bin" / "nvcc"))  # as on this development box
+
+    site = tmp_path / "site-packages"
+    lib, include = site / "nvidia" / "cu13" / "lib", site / "nvidia" / "cu13" / "include"
+    lib.mkdir(parents=True)
+    include.mkdir()
+    for name in ("libcublas.so.13", "libcublasLt.so.13"):
+        (lib / name).touch()
+    assert pip_cublas([str(tmp_path / "elsewhere"), str(site)]) is None  # no headers yet
+    (include / "cublas_v2.h").touch()
+    assert pip_cublas([str(site)]) == (lib, include)
+    assert cublas_options(lib, include) == [
+        f"-DCUDA_cublas_LIBRARY={lib / 'libcublas.so.13'}",
+        f"-DCUDA_cublasLt_LIBRARY={lib / 'libcublasLt.so.13'}",
+        f"-DCMAKE_CUDA_FLAGS=-I{include}", f"-DCMAKE_CXX_FLAGS=-I{include}",
+    ]  # fmt: skip
