@@ -201,10 +201,10 @@ def _ctx_words(info: GGUFInfo, ctx: int, tried: list[int], asked: int, min_ctx: 
         return "as set"
     if tried:
         return f"{tried[-1]} did not fit"
-    if ctx == min_ctx:
-        return "as a request asked"
     if ctx == (info.context_length or AUTO_CTX_FLOOR):
         return "the training context"
+    if ctx == min_ctx:
+        return "as a request asked"
     return f"the automatic context's most, {AUTO_CTX_MAX}"
 
 

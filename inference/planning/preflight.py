@@ -20,7 +20,7 @@ from functools import lru_cache
 from inference.engine.host import ModelSpec
 from inference.gguf import GGUFInfo, read_gguf
 from inference.planning import fitting
-from inference.planning.fitting import AUTO_CTX_FLOOR, AUTO_CTX_MAX, AUTO_MEMORY_SHARE, Fitted
+from inference.planning.fitting import Fitted
 from inference.planning.machine import free_gpu_bytes, free_ram_bytes, gpu_readings, usable_gpus
 from inference.planning.memory import (
     AvailableMemory,
@@ -31,9 +31,6 @@ from inference.planning.memory import (
 )
 
 log = logging.getLogger(__name__)
-
-__all__ = ["AUTO_CTX_FLOOR", "AUTO_CTX_MAX", "AUTO_MEMORY_SHARE", "available_memory", "fit",
-           "preflight", "validate"]  # fmt: skip
 
 
 def available_memory() -> AvailableMemory:
