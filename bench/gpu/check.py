@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu import build  # noqa: E402
-from tools.llama_build import card_architectures  # noqa: E402
+from tools.llama_build import card_architectures, choose  # noqa: E402
 
 ITL_TARGET_S = 0.1  # the appliance's default (ITL_TARGET_MS)
 SIZES = {
@@ -133,7 +133,10 @@ def machine() -> dict:
         return done.stdout.strip() if done.returncode == 0 else None
 
     architectures, card = card_architectures(dict(os.environ))
+    wanted = choose({k: v for k, v in os.environ.items() if k != "LLAMA_GPU"})
     return {"card": card, "architectures": architectures,
+            "make_install_builds": {"backend": wanted.backend, "cmake_args": wanted.cmake_args,
+                                    "reason": wanted.reason},
             "nvidia_smi": answer("nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
                                  "memory.used,compute_cap", "--format=csv,noheader"),
             "nvcc": (answer("nvcc", "--version") or "").splitlines()[-1:],
