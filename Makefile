@@ -1,6 +1,9 @@
 # The README's commands. `make run` installs and serves the appliance (embedded mode);
 # `make test` runs the whole suite; `make bench` measures the engine against raw llama.cpp.
+# LLAMA_GPU=auto|cuda|cpu: which llama.cpp the install builds (tools/llama_build.py; auto: CUDA
+# for the local card when nvcc and a card are both here, else the CPU).
 PYTHON ?= python3
+LLAMA_GPU ?= auto
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
@@ -11,10 +14,13 @@ $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# The llama.cpp build first: pip would otherwise hand back a CPU wheel it built before.
 install: $(VENV)/bin/activate
+	LLAMA_GPU=$(LLAMA_GPU) $(PY) tools/llama_build.py --pip $(PIP) --venv $(VENV)
 	$(PIP) install -e .
 
 install-test: $(VENV)/bin/activate
+	LLAMA_GPU=$(LLAMA_GPU) $(PY) tools/llama_build.py --pip $(PIP) --venv $(VENV)
 	$(PIP) install -e '.[test,postgres]'
 
 run: install

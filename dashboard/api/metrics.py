@@ -278,6 +278,70 @@ class SnapshotCollector:
         yield from (loaded, loading, rss, mapped, gpu_used, gpu_total, gpu_own)
         yield from (runner_up, restarts)
         yield from warm.families()
+        yield from gpu_families(snapshots)
+
+
+# NVML's reading of a card → (gauge name, help, scale).
+CARD_GAUGES = {
+    "utilization": ("appliance_gpu_utilization_ratio",
+                    "Share of the last sample period the GPU was busy (NVML), 0-1.", 0.01),
+    "temperature_c": ("appliance_gpu_temperature_celsius", "GPU temperature (NVML).", 1.0),
+    "power_w": ("appliance_gpu_power_watts", "GPU power draw (NVML).", 1.0),
+    "power_limit_w": ("appliance_gpu_power_limit_watts", "GPU power limit (NVML).", 1.0),
+}  # fmt: skip
+GPU_PARTS = ("weights", "kv", "compute")
+
+
+def gpu_families(snapshots: list[dict]) -> Iterator:
+    """The GPU figures (docs/metrics.md): per card its load, per runner process its GPU memory
+    (NVML) and llama.cpp's own split of it. Labels stay bounded: a worker's cards, its loaded
+    models (MAX_LOADED_MODELS) and three parts. A figure nobody reports is left out, never 0:
+    on a box without a GPU only appliance_gpus, 0, says so."""
+    gpus = GaugeMetricFamily("appliance_gpus", "GPUs NVML sees on the worker's box (0: no GPU).",
+                             labels=["worker"])  # fmt: skip
+    cards = {key: (GaugeMetricFamily(name, doc, labels=["worker", "gpu"]), scale)
+             for key, (name, doc, scale) in CARD_GAUGES.items()}  # fmt: skip
+    runner_gpu = GaugeMetricFamily("appliance_runner_gpu_memory_bytes",
+                                   "GPU memory of the model's runner process (NVML).",
+                                   labels=[*MODEL, "gpu"])  # fmt: skip
+    buffers = GaugeMetricFamily("appliance_runner_gpu_buffer_bytes",
+                                "What llama.cpp allocated on GPUs for the model, by part "
+                                "(weights, kv, compute).", labels=[*MODEL, "part"])  # fmt: skip
+    layers = GaugeMetricFamily("appliance_runner_gpu_layers",
+                               "Layers llama.cpp put on GPUs (its count: blocks and output).",
+                               labels=MODEL)  # fmt: skip
+    for snap in snapshots:
+        worker = str(snap.get("worker") or "")
+        readings = [g for g in (snap.get("system") or {}).get("gpus") or [] if isinstance(g, dict)]
+        gpus.add_metric([worker], len(readings))
+        models = {row.get("pid"): str(row.get("model") or "") for row in snap.get("runners") or []
+                  if isinstance(row, dict) and isinstance(row.get("pid"), int)}  # fmt: skip
+        for reading in readings:
+            gpu = str(reading.get("index", ""))
+            for key, (family, scale) in cards.items():
+                if _present(reading.get(key)):
+                    family.add_metric([worker, gpu], reading[key] * scale)
+            for process in reading.get("processes") or []:
+                model = models.get(process.get("pid"))
+                if model is not None and _present(process.get("bytes")):
+                    runner_gpu.add_metric([worker, model, gpu], process["bytes"])
+        for model, engine in (snap.get("models") or {}).items():
+            info = engine.get("model") if isinstance(engine, dict) else None
+            if not isinstance(info, dict) or not info.get("gpu_offload"):
+                continue
+            for part, used in (info.get("gpu_buffers") or {}).items():
+                if part in GPU_PARTS and _present(used):
+                    buffers.add_metric([worker, model, part], used)
+            if _present(info.get("gpu_layers")):
+                layers.add_metric([worker, model], info["gpu_layers"])
+    yield gpus
+    for family, _ in cards.values():
+        yield family
+    yield from (runner_gpu, buffers, layers)
+
+
+def _present(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def render(source: Callable[[], list[dict]]) -> bytes:

@@ -301,6 +301,7 @@ def estimate_view(found: MemoryEstimate | None, memory: readings.Memory | None,
         "n_ctx_total": found.n_ctx_total,
         "kv_type": found.kv_type,
         "uses_gpu": bool(memory and memory.gpu_free is not None and found.gpu_layers),
+        "fitted": found.reason,  # what the load's fit chose for these settings, and why
     }
 
 

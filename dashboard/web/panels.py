@@ -271,6 +271,7 @@ class Panels(TypedDict):
     models: dict[str, ModelPanel]
     runners: list[RunnerPanel]
     box: dict | None  # dashboard.web.boxes.BoxPanel, added by the consumer (None here)
+    machine: "MachinePanel"
 
 
 def _number(value, default=0.0) -> float:
@@ -678,6 +679,7 @@ def panels(snapshot: dict) -> Panels:
         "models": models,
         "runners": sorted(runners, key=lambda r: r["model"]),
         "box": None,
+        "machine": machine_panel(snapshot),
     }
 
 
@@ -685,3 +687,122 @@ def shares_in(result: Panels) -> set[str]:
     """The share ids the panels mention: the ones the page needs names for."""
     rows = [*(result["shares"] or []), *result["streams"]]
     return {row["share"] for row in rows if row["share"] is not None}
+
+
+# --- the machine: which llama.cpp, each card's load, each runner's GPU memory ---------------------
+
+GPU_PARTS = ("weights", "kv", "compute")
+
+
+class CardPanel(TypedDict):
+    """One GPU's load (NVML); None where the card does not report it."""
+
+    index: int
+    name: str
+    utilization: float | None  # percent
+    temperature_c: float | None
+    power_w: float | None
+    power_limit_w: float | None
+
+
+class RunnerGpuPanel(TypedDict):
+    """One runner process's GPU memory: NVML's count for the process, beside what llama.cpp
+    says it allocated there (inference.engine.buffers); None where either does not say."""
+
+    model: str
+    pid: int | None
+    nvml_bytes: int | None  # all GPUs together
+    weights_bytes: int | None
+    kv_bytes: int | None
+    compute_bytes: int | None
+    gpu_layers: int | None  # layers llama.cpp put on GPUs (its count: blocks and output)
+    layers: int | None
+
+
+class MachinePanel(TypedDict):
+    gpu: bool  # NVML sees a GPU; False: the page says "no GPU", never zeros
+    build: str | None  # "gpu": this llama.cpp offloads to a GPU; "cpu": CPU only; None: unknown
+    cards: list[CardPanel]
+    runners: list[RunnerGpuPanel]
+
+
+def _optional_number(value) -> float | None:
+    return None if value is None else _number(value, None)
+
+
+def _optional_int(value) -> int | None:
+    number = _optional_number(value)
+    return None if number is None else int(number)
+
+
+def card_panel(raw: dict) -> CardPanel:
+    return {
+        "index": _int(raw.get("index")),
+        "name": str(raw.get("name") or f"GPU {raw.get('index', '?')}")[:100],
+        "utilization": _optional_number(raw.get("utilization")),
+        "temperature_c": _optional_number(raw.get("temperature_c")),
+        "power_w": _optional_number(raw.get("power_w")),
+        "power_limit_w": _optional_number(raw.get("power_limit_w")),
+    }
+
+
+def _nvml_bytes_by_pid(gpus: list) -> dict[int, int | None]:
+    """Each process's GPU memory on all cards (NVML); None for a process NVML cannot count."""
+    found: dict[int, int | None] = {}
+    for gpu in gpus:
+        rows = gpu.get("processes") if isinstance(gpu, dict) else None
+        for row in rows if isinstance(rows, list) else []:
+            pid = row.get("pid") if isinstance(row, dict) else None
+            if not isinstance(pid, int) or isinstance(pid, bool):
+                continue
+            used = _optional_int(row.get("bytes"))
+            if used is None:
+                found.setdefault(pid, None)
+            else:
+                found[pid] = (found.get(pid) or 0) + used
+    return found
+
+
+def runner_gpu_panel(model: str, info: dict, pid: int | None,
+                     nvml: dict[int, int | None]) -> RunnerGpuPanel:  # fmt: skip
+    split = info.get("gpu_buffers") if isinstance(info.get("gpu_buffers"), dict) else None
+    reported = split is not None and bool(info.get("gpu_offload"))
+
+    def part(name: str) -> int | None:
+        return _int(split.get(name)) if reported else None
+
+    return {
+        "model": model[:200],
+        "pid": pid,
+        "nvml_bytes": nvml.get(pid) if pid is not None else None,
+        "weights_bytes": part("weights"),
+        "kv_bytes": part("kv"),
+        "compute_bytes": part("compute"),
+        "gpu_layers": _optional_int(info.get("gpu_layers")),
+        "layers": _optional_int(info.get("layers")),
+    }
+
+
+def machine_panel(snapshot: dict) -> MachinePanel:
+    """The machine panel of one worker: the llama.cpp build its runners use (their info says
+    whether it offloads to a GPU), each card's load, and per runner its GPU memory as NVML
+    counts it beside llama.cpp's own split."""
+    system = snapshot.get("system") if isinstance(snapshot.get("system"), dict) else {}
+    gpus = [g for g in system.get("gpus") or [] if isinstance(g, dict)]
+    models = snapshot.get("models") if isinstance(snapshot.get("models"), dict) else {}
+    infos = {str(name): m.get("model") for name, m in models.items()
+             if isinstance(m, dict) and isinstance(m.get("model"), dict)}  # fmt: skip
+    pids = {}
+    for row in snapshot.get("runners") or []:
+        if isinstance(row, dict) and isinstance(row.get("pid"), int):
+            pids[str(row.get("model"))] = row["pid"]
+    offloads = [bool(info.get("gpu_offload")) for info in infos.values()]
+    nvml = _nvml_bytes_by_pid(gpus)
+    runners = [runner_gpu_panel(name, info, pids.get(name), nvml)
+               for name, info in sorted(infos.items())] if gpus else []  # fmt: skip
+    return {
+        "gpu": bool(gpus),
+        "build": ("gpu" if any(offloads) else "cpu") if offloads else None,
+        "cards": [card_panel(g) for g in gpus],
+        "runners": runners,
+    }

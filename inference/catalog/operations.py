@@ -69,7 +69,7 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
     found = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
-        cache_slots=kept_slots(model.parallel),
+        cache_slots=kept_slots(model.parallel), flash_attn=model.flash_attn,
     )  # fmt: skip
     return found, "" if found else "the file's metadata does not say enough to size it"
 

@@ -54,6 +54,9 @@ class ModelSpec:
     # own copy by it (inference.serving.model_index) and uses config.model_path only while the
     # digest is unknown. "": not hashed yet.
     sha256: str = ""
+    # What the host's preflight chose when it fitted the config to the machine, and why
+    # (inference.planning.fitting); "" before (a spec crosses the wire unfitted).
+    fitted: str = ""
 
     @property
     def needed_ctx(self) -> int:
@@ -386,6 +389,7 @@ class EngineHost:
                 "ctx_per_seq": info.get("ctx_per_seq") or loaded.ctx_per_seq,
                 "parallel": getattr(loaded.spec.config, "parallel", 1),
                 "sha256": loaded.spec.sha256,
+                "fitted": loaded.spec.fitted,
             })  # fmt: skip
         return rows
 

@@ -17,6 +17,7 @@ import time
 import llama_cpp as ll
 import numpy as np
 
+from inference.engine.buffers import gpu_split, read_load_log
 from inference.engine.embedding import pack
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
@@ -37,10 +38,16 @@ _LEVELS = {3: logging.WARNING, 4: logging.ERROR}
 # A thread collecting llama.cpp's complaints (a grammar that does not parse) instead of logging
 # them: a client's bad grammar is that client's 400, not an appliance error.
 _capture = threading.local()
+# A thread loading a model keeps llama.cpp's INFO lines of that load: the only place it says
+# what it allocated on which device (inference.engine.buffers).
+_loading = threading.local()
 
 
 @ll.llama_log_callback
 def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    loading = getattr(_loading, "lines", None)
+    if loading is not None and level == 2:
+        loading.append(text.decode("utf-8", errors="replace"))
     lines = getattr(_capture, "lines", None)
     if lines is not None and level in (4, 5):
         lines.append(text.decode("utf-8", errors="replace"))
@@ -98,6 +105,36 @@ class LlamaRunner:
         model_params = ll.llama_model_default_params()
         model_params.n_gpu_layers = 999 if config.n_gpu_layers < 0 else config.n_gpu_layers
         model_params.use_extra_bufts = config.use_extra_bufts
+        _loading.lines = []
+        try:
+            self._load_model_and_context(config, model_params)
+            self._allocated = read_load_log(_loading.lines)
+        finally:
+            _loading.lines = None
+        self.memory = ll.llama_get_memory(self.ctx)
+        self.n_ctx = ll.llama_n_ctx(self.ctx)
+        self.ctx_per_seq = min(config.ctx_per_seq, self.n_ctx)
+        self.n_batch = config.n_batch
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_swa = int(ll.llama_model_n_swa(self.model))  # 0: no sliding-window layers
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._samplers: dict[str, ll.llama_sampler_p] = {}
+        self._sampled: dict[str, list[int]] = {}  # the last step's sampled rows, by request id
+        self._pieces: dict[int, bytes] = {}
+        self._special_pieces: dict[int, bytes] = {}
+        self._closed = False
+        self._info = self._read_info()
+        # Embeddings run on a second context of the same weights, made on first use (most
+        # models never embed). One input is pooled within one ubatch, so the ubatch is the
+        # most tokens an input may have; for a generative model llama.cpp also computes logits
+        # for every one of them (the starter model: 401 MiB of compute buffer at 2048 tokens),
+        # hence the cap.
+        self.embed_limit = min(self.ctx_per_seq, self._info["n_ctx_train"] or self.ctx_per_seq,
+                               EMBED_MAX_TOKENS)  # fmt: skip
+        self._embed_ctx = None
+        self._embed_batch = None
+
+    def _load_model_and_context(self, config: RunnerConfig, model_params) -> None:
         self.model = ll.llama_model_load_from_file(config.model_path.encode(), model_params)
         if not self.model:
             raise LoadError(f"llama.cpp could not load {config.model_path}")
@@ -127,29 +164,7 @@ class LlamaRunner:
         if not self.ctx:
             ll.llama_model_free(self.model)
             raise LoadError("llama.cpp could not create a context with these settings")
-        self.memory = ll.llama_get_memory(self.ctx)
-        self.n_ctx = ll.llama_n_ctx(self.ctx)
-        self.ctx_per_seq = min(config.ctx_per_seq, self.n_ctx)
-        self.n_batch = config.n_batch
-        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
-        self.n_swa = int(ll.llama_model_n_swa(self.model))  # 0: no sliding-window layers
         self.threads = threads
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self._samplers: dict[str, ll.llama_sampler_p] = {}
-        self._sampled: dict[str, list[int]] = {}  # the last step's sampled rows, by request id
-        self._pieces: dict[int, bytes] = {}
-        self._special_pieces: dict[int, bytes] = {}
-        self._closed = False
-        self._info = self._read_info()
-        # Embeddings run on a second context of the same weights, made on first use (most
-        # models never embed). One input is pooled within one ubatch, so the ubatch is the
-        # most tokens an input may have; for a generative model llama.cpp also computes logits
-        # for every one of them (the starter model: 401 MiB of compute buffer at 2048 tokens),
-        # hence the cap.
-        self.embed_limit = min(self.ctx_per_seq, self._info["n_ctx_train"] or self.ctx_per_seq,
-                               EMBED_MAX_TOKENS)  # fmt: skip
-        self._embed_ctx = None
-        self._embed_batch = None
 
     # --- text --------------------------------------------------------------------------------
 
@@ -586,7 +601,14 @@ class LlamaRunner:
             "n_slots": self.n_slots,
             "n_batch": self.n_batch,
             "threads": self.threads,
+            # This llama.cpp was built with a GPU backend (CUDA) that found a device.
             "gpu_offload": bool(ll.llama_supports_gpu_offload()),
+            # What llama.cpp allocated, by part and device, and the layers it put on GPUs
+            # (inference.engine.buffers): the memory panel's split of a runner's GPU memory.
+            "buffers": self._allocated["buffers"],
+            "gpu_buffers": gpu_split(self._allocated["buffers"]),
+            "gpu_layers": self._allocated["gpu_layers"],
+            "layers": self._allocated["layers"],
         }
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids of the KV cache types we offer
 AUTOMATIC_CTX = 0  # ctx_per_seq chosen at load from the training context and free memory
+DEFAULT_N_BATCH = 512  # with every layer on a GPU the preflight raises it (planning.fitting)
 
 
 @dataclass(slots=True, frozen=True)
@@ -14,8 +15,8 @@ class RunnerConfig:
     ctx_per_seq: int = 2048
     parallel: int = 4  # sequences that can run at once with a full context each
     cache_slots: int = 4  # extra sequence ids that keep finished turns for the prefix cache
-    n_batch: int = 512
-    n_ubatch: int = 512
+    n_batch: int = DEFAULT_N_BATCH
+    n_ubatch: int = DEFAULT_N_BATCH
     n_threads: int = 0  # 0: all cores
     n_gpu_layers: int = -1  # -1: every layer the GPU build can take; 0: CPU only
     kv_type: str = "f16"

@@ -38,9 +38,12 @@ def visible_gpus(count: int) -> list[int]:
 
 
 def gpu_readings(pids: set[int] | None = None) -> list[dict]:
-    """Per GPU: name, used and total bytes (NVML), whether llama.cpp may use it (`visible`), and
+    """Per GPU: name, used and total bytes (NVML), whether llama.cpp may use it (`visible`),
     the share of `pids` (default: this process; the inference worker passes itself and its
-    runner processes)."""
+    runner processes) in all (`process_bytes`) and per process (`processes`: those of `pids`
+    that hold memory there, by pid; `bytes` None where NVML cannot say, as in some containers),
+    and the card's load: utilization (%), temperature (°C), power draw and limit (W), each None
+    where the card does not report it. No GPU, no NVML: an empty list, never zeros."""
     nvml = _nvml()
     if nvml is None:
         return []
@@ -52,30 +55,70 @@ def gpu_readings(pids: set[int] | None = None) -> list[dict]:
         for index in range(count):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            own = 0
-            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle) or []:
-                if proc.pid in pids and proc.usedGpuMemory:
-                    own += proc.usedGpuMemory
+            ours = _processes(nvml, handle, pids)
             name = nvml.nvmlDeviceGetName(handle)
             gpus.append({
                 "index": index,
                 "name": name.decode() if isinstance(name, bytes) else name,
                 "used_bytes": int(memory.used),
                 "total_bytes": int(memory.total),
-                "process_bytes": int(own),
-                "utilization": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                "process_bytes": sum(p["bytes"] or 0 for p in ours),
+                "processes": ours,
                 "visible": index in visible,
+                **_load(nvml, handle),
             })  # fmt: skip
     except Exception:  # noqa: BLE001 - a driver hiccup must not break the dashboard
         log.exception("NVML reading failed")
     return gpus
 
 
+def _processes(nvml, handle, pids: set[int]) -> list[dict]:
+    """The processes of `pids` with memory on this GPU, by pid (one process may be listed
+    more than once: NVML lists compute and graphics contexts apart)."""
+    found: dict[int, int | None] = {}
+    for proc in _optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []:
+        if proc.pid not in pids:
+            continue
+        used = proc.usedGpuMemory  # None: NVML_VALUE_NOT_AVAILABLE (no per-process accounting)
+        if used is not None:
+            found[proc.pid] = (found.get(proc.pid) or 0) + int(used)
+        else:
+            found.setdefault(proc.pid, None)
+    return [{"pid": pid, "bytes": used} for pid, used in sorted(found.items())]
+
+
+def _load(nvml, handle) -> dict:
+    utilization = _optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+    temperature = _optional(nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU)
+    power = _optional(nvml.nvmlDeviceGetPowerUsage, handle)  # milliwatts
+    limit = _optional(nvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+    return {
+        "utilization": None if utilization is None else utilization.gpu,
+        "temperature_c": temperature,
+        "power_w": None if power is None else power / 1000,
+        "power_limit_w": None if limit is None else limit / 1000,
+    }
+
+
+def _optional(read, *args):
+    """One NVML reading, or None where the card or driver does not offer it (a laptop GPU
+    without power readings, a container without per-process accounting)."""
+    try:
+        return read(*args)
+    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: not reported
+        return None
+
+
+def usable_gpus(gpus: list[dict]) -> list[dict]:
+    """The readings of the GPUs llama.cpp may use (CUDA_VISIBLE_DEVICES: gpu_readings)."""
+    return [g for g in gpus if g.get("visible", True)]
+
+
 def free_gpu_bytes(gpus: list[dict]) -> int | None:
     """Free memory on the GPUs llama.cpp may use, from readings (gpu_readings: this box's, or a
     worker's as its snapshot carries them); None without such a GPU. The one definition: the
     preflight, the workers' announcements and the model pages all count free GPU memory here."""
-    usable = [g for g in gpus if g.get("visible", True)]
+    usable = usable_gpus(gpus)
     if not usable:
         return None
     return sum(max(0, g["total_bytes"] - g["used_bytes"]) for g in usable)

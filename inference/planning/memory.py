@@ -15,10 +15,11 @@ The estimate has three parts, each an upper bound that is close for llama.cpp:
    micro-batch (n_ubatch x vocab x 4 bytes: llama.cpp reserves the worst case, every token an
    output) and the output buffer (one row of logits per parallel sequence).
 
-With a GPU, layers are offloaded as llama.cpp does it: the last n_gpu_layers blocks with their
-share of the KV cache, the output layer too when every block is offloaded (n_gpu_layers = -1 or
-more than the block count), the token embeddings never. The GPU part must fit in the GPU's free
-memory and the rest in free RAM.
+With a GPU, layers are offloaded as this llama.cpp does it (llama-model.cpp: the output layer is
+layer n_layer, and the last n_gpu_layers of the n_layer + 1 go to the GPU): the output layer
+first, then the last n_gpu_layers - 1 blocks with their share of the KV cache; -1 (or more than
+n_layer) offloads everything; the token embeddings never. `gpu_layers` counts the blocks. The
+GPU part must fit in the GPU's free memory and the rest in free RAM.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class MemoryEstimate:
     n_ctx_total: int
     kv_type: str
     ctx_per_seq: int = 0  # the context per sequence it was sized for (0: not given)
+    reason: str = ""  # what the fit chose for these settings, and why (planning.fitting)
 
     @property
     def total_bytes(self) -> int:
@@ -77,6 +79,7 @@ class MemoryEstimate:
 class AvailableMemory:
     ram_bytes: int | None  # None: unknown (no psutil)
     gpu_bytes: int | None  # free on all visible GPUs together; None: no GPU, or no NVML
+    gpu_count: int = 1  # the visible GPUs that gpu_bytes adds up (each keeps a fitting margin)
 
 
 def kv_bytes_per_element(kv_type: str) -> Fraction:
@@ -104,15 +107,16 @@ def estimate_memory(
     vocab = info.vocab_size or 0
     compute = COMPUTE_FIXED_BYTES + (n_ubatch + parallel) * vocab * 4
 
-    gpu_layers = n_layers if n_gpu_layers < 0 else min(n_gpu_layers, n_layers)
-    output_on_gpu = n_gpu_layers < 0 or n_gpu_layers > n_layers
+    offloaded = n_layers + 1 if n_gpu_layers < 0 else min(n_gpu_layers, n_layers + 1)
+    gpu_layers = max(0, offloaded - 1)  # blocks: the output layer goes first
+    output_on_gpu = offloaded > 0
     return MemoryEstimate(
         weights_bytes=info.weights_bytes,
         kv_cache_bytes=kv,
         compute_bytes=compute,
         gpu_weights_bytes=_gpu_weights_bytes(info, n_layers, gpu_layers, output_on_gpu),
         gpu_kv_cache_bytes=kv * gpu_layers // n_layers,
-        gpu_compute_bytes=compute if gpu_layers else 0,
+        gpu_compute_bytes=compute if offloaded else 0,
         n_layers=n_layers,
         gpu_layers=gpu_layers,
         n_ctx_total=n_ctx_total,
@@ -164,7 +168,7 @@ def _gpu_weights_bytes(info: GGUFInfo, n_layers: int, gpu_layers: int, output_on
 
 def check_fits(estimate: MemoryEstimate, available: AvailableMemory) -> None:
     """Raises InsufficientMemory, with the numbers, if the model cannot be loaded."""
-    uses_gpu = available.gpu_bytes is not None and estimate.gpu_layers > 0
+    uses_gpu = available.gpu_bytes is not None and estimate.gpu_bytes > 0
     if uses_gpu and estimate.gpu_bytes > available.gpu_bytes:
         parts = (
             estimate.gpu_weights_bytes,

@@ -7,24 +7,21 @@ host loads nothing:
 - InsufficientMemory: the estimate for these settings does not fit in free memory; the message
   has the numbers.
 
-It also sizes the context (`fit`, the host's preflight). A model's context per sequence is
-automatic by default (n_ctx 0): its training context, at most AUTO_CTX_MAX, halved until the
-whole estimate (weights, the KV cache of every sequence slot, compute) fits in AUTO_MEMORY_SHARE
-of the free memory, never below AUTO_CTX_FLOOR (or the training context when that is smaller):
-the floor is loaded or refused by the same check as an explicit setting. The share leaves room
-for the OS, other models and a request that asks for more (Ollama's num_ctx, `min_ctx`), which
-may use all of what is free.
+It also fits the load to the machine (`fit`, the host's preflight): an automatic context, and with
+a GPU the KV type, the layers on the GPU and the batch, with the reason said
+(inference.planning.fitting). The estimate it checks is the one the model page shows.
 """
 
 import dataclasses
 import logging
 import os
-from fractions import Fraction
 from functools import lru_cache
 
 from inference.engine.host import ModelSpec
 from inference.gguf import GGUFInfo, read_gguf
-from inference.planning.machine import free_gpu_bytes, free_ram_bytes, gpu_readings
+from inference.planning import fitting
+from inference.planning.fitting import Fitted
+from inference.planning.machine import free_gpu_bytes, free_ram_bytes, gpu_readings, usable_gpus
 from inference.planning.memory import (
     AvailableMemory,
     InsufficientMemory,
@@ -35,15 +32,13 @@ from inference.planning.memory import (
 
 log = logging.getLogger(__name__)
 
-AUTO_CTX_MAX = 32768
-AUTO_CTX_FLOOR = 2048
-AUTO_MEMORY_SHARE = Fraction(3, 4)
-
 
 def available_memory() -> AvailableMemory:
     """What this box has free for a load now: RAM, and memory on the GPUs llama.cpp may use
     (inference.planning.machine.free_gpu_bytes, as the pages and announcements count it)."""
-    return AvailableMemory(ram_bytes=free_ram_bytes(), gpu_bytes=free_gpu_bytes(gpu_readings()))
+    gpus = gpu_readings()
+    return AvailableMemory(ram_bytes=free_ram_bytes(), gpu_bytes=free_gpu_bytes(gpus),
+                           gpu_count=len(usable_gpus(gpus)))  # fmt: skip
 
 
 def validate(spec: ModelSpec) -> None:
@@ -55,14 +50,16 @@ def validate(spec: ModelSpec) -> None:
 def fit(
     spec: ModelSpec, *, resident_bytes: int = 0, replacing: ModelSpec | None = None
 ) -> ModelSpec:
-    """The host's preflight: `spec` with its context per sequence sized (automatic resolved,
-    at least spec.min_ctx), after the same check as `preflight`; raises to refuse the load."""
+    """The host's preflight: `spec` fitted to the machine (its context per sequence sized, at
+    least spec.min_ctx; with a GPU its KV type, GPU layers and batch too; why in
+    `spec.fitted`), after the same check as `preflight`; raises to refuse the load."""
     info = gguf_info(spec.config.model_path)  # GGUFError propagates: the load is refused
     available = _free_for(info, resident_bytes, replacing)
-    config = spec.config
-    ctx = max(config.ctx_per_seq or automatic_ctx(info, config, available), spec.min_ctx)
-    sized = dataclasses.replace(spec, config=dataclasses.replace(config, ctx_per_seq=ctx))
+    fitted = _fitted(info, spec.config, available, min_ctx=spec.min_ctx)
+    sized = dataclasses.replace(spec, config=fitted.applied_to(spec.config), fitted=fitted.reason)
     _check(sized, info, available)
+    if fitted.reason:
+        log.info("%s: %s", spec.name, fitted.reason)
     return sized
 
 
@@ -80,9 +77,7 @@ def preflight(
     context); what it holds besides the mmapped weights counts as free."""
     info = gguf_info(spec.config.model_path)
     available = _free_for(info, resident_bytes, replacing)
-    config = spec.config
-    if not config.ctx_per_seq:
-        config = dataclasses.replace(config, ctx_per_seq=automatic_ctx(info, config, available))
+    config = _fitted(info, spec.config, available).applied_to(spec.config)
     return _check(dataclasses.replace(spec, config=config), info, available)
 
 
@@ -115,57 +110,42 @@ def _free_for(
         # Its weights are mmapped pages the OS counts as free already; its KV cache and
         # compute buffers (and everything it holds on the GPU) are freed by the unload. The
         # split between GPU and RAM is check_fits's.
-        on_gpu = gpu is not None and loaded.gpu_layers > 0
+        on_gpu = gpu is not None and loaded.gpu_bytes > 0
         kv_and_compute = loaded.kv_cache_bytes + loaded.compute_bytes
         if on_gpu:
             gpu += loaded.gpu_bytes
             kv_and_compute -= loaded.gpu_kv_cache_bytes + loaded.gpu_compute_bytes
         if ram is not None:
             ram += kv_and_compute
-    return AvailableMemory(ram_bytes=ram, gpu_bytes=gpu)
+    return dataclasses.replace(available, ram_bytes=ram, gpu_bytes=gpu)
 
 
 def automatic_ctx(info: GGUFInfo, config, available: AvailableMemory | None = None) -> int:
-    """The automatic context per sequence for a RunnerConfig's other settings (module doc)."""
-    return _automatic(info, _config_settings(config), available)
+    """The automatic context per sequence for a RunnerConfig's other settings, as the load
+    would fit it (inference.planning.fitting)."""
+    automatic = dataclasses.replace(config, ctx_per_seq=0)
+    return _fitted(info, automatic, available or available_memory()).ctx_per_seq
 
 
-def _automatic(info: GGUFInfo, settings: dict, available: AvailableMemory | None) -> int:
-    trained = info.context_length or AUTO_CTX_FLOOR
-    floor = min(AUTO_CTX_FLOOR, trained)
-    available = available_memory() if available is None else available
-    share = AvailableMemory(
-        ram_bytes=None if available.ram_bytes is None
-        else int(available.ram_bytes * AUTO_MEMORY_SHARE),
-        gpu_bytes=None if available.gpu_bytes is None
-        else int(available.gpu_bytes * AUTO_MEMORY_SHARE),
-    )  # fmt: skip
-    ctx = min(trained, AUTO_CTX_MAX)
-    while ctx > floor:
-        estimate = _estimate(info, ctx_per_seq=ctx, **settings)
-        if estimate is None:
-            return floor  # nothing to size it by: the floor
-        try:
-            check_fits(estimate, share)
-            return ctx
-        except InsufficientMemory:
-            ctx //= 2
-    return floor
+def _fitted(info: GGUFInfo, config, available: AvailableMemory, min_ctx: int = 0) -> Fitted:
+    return fitting.fit(info, _config_settings(config), available, estimate=_estimate,
+                       min_ctx=min_ctx)  # fmt: skip
 
 
 def estimate_for_config(info: GGUFInfo, config) -> MemoryEstimate | None:
     """The estimate for a RunnerConfig's settings. llama.cpp gets one KV stream of ctx_per_seq
     cells per sequence slot, running or cached (inference.engine.runner), and never a
     micro-batch larger than the batch."""
-    return estimate_for_settings(info, ctx_per_seq=config.ctx_per_seq, **_config_settings(config))
+    return _estimate(info, **_config_settings(config))
 
 
 def _config_settings(config) -> dict:
     """A RunnerConfig's settings that the estimate depends on, besides the context."""
     return {
-        "parallel": config.parallel, "cache_slots": config.cache_slots,
-        "kv_type": config.kv_type, "n_gpu_layers": config.n_gpu_layers,
-        "n_batch": config.n_batch, "n_ubatch": config.n_ubatch,
+        "ctx_per_seq": config.ctx_per_seq, "parallel": config.parallel,
+        "cache_slots": config.cache_slots, "kv_type": config.kv_type,
+        "n_gpu_layers": config.n_gpu_layers, "n_batch": config.n_batch,
+        "n_ubatch": config.n_ubatch, "flash_attn": config.flash_attn,
     }  # fmt: skip
 
 
@@ -180,16 +160,20 @@ def estimate_for_settings(
     n_ubatch: int,
     cache_slots: int | None = None,
     available: AvailableMemory | None = None,
+    flash_attn: bool = True,
 ) -> MemoryEstimate | None:
-    """The estimate for these settings; ctx_per_seq 0 (automatic) is sized first, against
-    `available` (default: this machine's free memory), as the load will size it."""
+    """The estimate for these settings as the load will fit them to `available` (default: this
+    machine's free memory): ctx_per_seq 0 (automatic) sized, and with a GPU the KV type, layers
+    and batch chosen (inference.planning.fitting); `reason` says what was chosen and why."""
     settings = {
-        "parallel": parallel, "cache_slots": cache_slots, "kv_type": kv_type,
-        "n_gpu_layers": n_gpu_layers, "n_batch": n_batch, "n_ubatch": n_ubatch,
+        "ctx_per_seq": ctx_per_seq, "parallel": parallel, "cache_slots": cache_slots,
+        "kv_type": kv_type, "n_gpu_layers": n_gpu_layers, "n_batch": n_batch,
+        "n_ubatch": n_ubatch, "flash_attn": flash_attn,
     }  # fmt: skip
-    if not ctx_per_seq:
-        ctx_per_seq = _automatic(info, settings, available)
-    return _estimate(info, ctx_per_seq=ctx_per_seq, **settings)
+    fitted = fitting.fit(info, settings, available or available_memory(), estimate=_estimate)
+    if fitted.estimate is None:
+        return None
+    return dataclasses.replace(fitted.estimate, reason=fitted.reason)
 
 
 def _estimate(
@@ -202,6 +186,7 @@ def _estimate(
     n_batch: int,
     n_ubatch: int,
     cache_slots: int | None,
+    flash_attn: bool = True,  # decides whether the KV may be quantised, not its size
 ) -> MemoryEstimate | None:
     # Prefix-cache slots hold KV too; inference.catalog.specs.spec_for gives a model as many as
     # `parallel`.

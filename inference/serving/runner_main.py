@@ -64,15 +64,26 @@ def load_runner(launch: m.Launch):
 
 def warm_up(engine: Engine) -> None:
     """The runner's warm-up decode, if it has one, on the engine's own thread (where every
-    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it); then,
-    with speculation on, its calibration: the cost of steps by size (runner.calibrate)."""
+    later decode runs: llama.cpp's OpenMP threads belong to the thread that calls it); then
+    its calibration, the cost of steps by size (runner.calibrate, about 0.1 s), where a wrong
+    guess costs: with speculation on, which weighs the sizes of steps; and on a GPU, where the
+    step-cost model's priors (10 ms a step and 5 ms a token: a CPU's) would read the first long
+    prompt beside a stream in chunks of a dozen tokens until its own steps taught it better.
+    Calibrated steps carry logits at every position, so they overstate what a prompt chunk of
+    that size costs: the first chunks err small, never into a stall."""
     warm = getattr(engine.runner, "warm_up", None)
     if warm is not None:
         engine.on_engine_thread(warm).result()
     calibrate = getattr(engine.runner, "calibrate", None)
-    if calibrate is not None and engine.speculation is not None and engine.speculation.enabled:
+    speculating = engine.speculation is not None and engine.speculation.enabled
+    if calibrate is not None and (speculating or on_gpu(engine.runner.info())):
         for tokens, seconds in engine.on_engine_thread(calibrate).result():
             engine.budget.times.calibrate(tokens, seconds)
+
+
+def on_gpu(info: dict) -> bool:
+    """Whether llama.cpp put layers of this model on a GPU (LlamaRunner.info)."""
+    return bool(info.get("gpu_offload")) and (info.get("gpu_layers") or 0) > 0
 
 
 def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:

@@ -473,6 +473,70 @@
     box.append(legend);
   }
 
+  // --- the machine: which llama.cpp, each card's load, each runner's GPU memory ---------------
+
+  // panels.machine (dashboard/web/panels.py machine_panel): NVML's figures of each card and, per
+  // runner, its GPU memory as NVML counts it beside what llama.cpp says it allocated there. A box
+  // without a GPU says so instead of showing zeros; a figure a card does not report says so.
+  const BUILD = { gpu: "llama.cpp built for a GPU (layers offloaded)", cpu: "llama.cpp built for the CPU only" };
+
+  function drawMachine(all) {
+    const box = $("machine");
+    box.replaceChildren();
+    all.forEach((p) => {
+      const m = p.machine;
+      if (!m) return;
+      const who = all.length > 1 ? p.worker + " · " : "";
+      const build = m.build ? BUILD[m.build] : "llama.cpp's build: known once a model is loaded";
+      const line = document.createElement("p");
+      line.textContent = who + (m.gpu ? build : "no GPU · " + build);
+      box.append(line);
+      m.cards.forEach((c) => {
+        const figures = [
+          none(c.utilization) ? "load not reported" : pct(c.utilization) + " busy",
+          none(c.temperature_c) ? "temperature not reported" : Math.round(c.temperature_c) + " °C",
+          none(c.power_w) ? "power not reported"
+            : Math.round(c.power_w) + " W" + (none(c.power_limit_w) ? "" : " of " + Math.round(c.power_limit_w) + " W"),
+        ];
+        const row = document.createElement("p");
+        row.textContent = who + "GPU " + c.index + " · " + c.name + ": " + figures.join(" · ");
+        box.append(row);
+      });
+      if (m.runners.length) box.append(gpuTable(m.runners, who));
+    });
+  }
+
+  function gpuTable(runners, who) {
+    const reported = (v) => (none(v) ? "not reported" : bytes(v));
+    const head = document.createElement("tr");
+    ["runner", "GPU memory (NVML)", "weights", "KV cache", "compute", "layers on the GPU"].forEach((label, i) => {
+      const th = document.createElement("th");
+      th.textContent = label;
+      if (i) th.className = "num";
+      head.append(th);
+    });
+    const body = document.createElement("tbody");
+    runners.forEach((r) => {
+      const row = document.createElement("tr");
+      cell(row, who + r.model + (r.pid !== null ? " · pid " + r.pid : ""));
+      cell(row, reported(r.nvml_bytes), "num");
+      cell(row, reported(r.weights_bytes), "num");
+      cell(row, reported(r.kv_bytes), "num");
+      cell(row, reported(r.compute_bytes), "num");
+      cell(row, none(r.gpu_layers) ? "–" : r.gpu_layers + " of " + r.layers, "num");
+      body.append(row);
+    });
+    const thead = document.createElement("thead");
+    thead.append(head);
+    const table = document.createElement("table");
+    table.className = "requests";
+    table.append(thead, body);
+    const wrap = document.createElement("div");
+    wrap.className = "table-wrap";
+    wrap.append(table);
+    return wrap;
+  }
+
   // --- runner processes ----------------------------------------------------------------------
 
   const FAULTY = new Set(["crashed", "backing off", "failed"]);
@@ -913,6 +977,7 @@
       (loading.length ? " · loading " + loading.join(", ") + "…" : ""));
     drawBoxes(a.panels);
     drawMemory(a.panels, totals);
+    drawMachine(a.panels);
     drawRunners();
     drawStreams(a.streams, a.panels.reduce((acc, p) => acc + Object.keys(p.models).length, 0) > 1, a.apps);
     drawShares(a.shares, a.apps, a.window_s);

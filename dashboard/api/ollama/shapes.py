@@ -67,9 +67,14 @@ def tag(model: LLMModel, name: str | None = None) -> dict:
 
 
 def _vram_bytes(size: int, model: LLMModel, runner: dict) -> int:
-    """The share of the weights offloaded to the GPU, from the layers setting."""
+    """The share of the weights on the GPU: what llama.cpp says it put there (the runner's
+    `gpu_buffers`, which also holds when the preflight fitted fewer layers to the card than
+    the setting asks), else reckoned from the layers setting (a runner that does not say)."""
     if not runner.get("gpu_offload") or model.n_gpu_layers == 0:
         return 0
+    split = runner.get("gpu_buffers")
+    if isinstance(split, dict):
+        return min(size, int(split.get("weights") or 0))
     if model.n_gpu_layers < 0 or not model.layer_count:
         return size
     return int(size * min(1.0, model.n_gpu_layers / (model.layer_count + 1)))

@@ -12,10 +12,9 @@ from inference.engine.host import ModelSpec
 from inference.engine.runner_config import RunnerConfig
 from inference.gguf import read_gguf
 from inference.planning import preflight as preflight_module
+from inference.planning.fitting import AUTO_CTX_FLOOR, AUTO_MEMORY_SHARE
 from inference.planning.memory import AvailableMemory, InsufficientMemory
 from inference.planning.preflight import (
-    AUTO_CTX_FLOOR,
-    AUTO_MEMORY_SHARE,
     automatic_ctx,
     estimate_for_config,
     estimate_for_settings,

@@ -156,12 +156,23 @@ def test_tied_embeddings_put_a_copy_of_them_on_the_gpu_as_the_output_layer() -> 
     assert estimate.gpu_weights_bytes == 4 * MiB + 4096 + 2 * MiB
 
 
-def test_partial_offload_takes_the_last_layers_and_their_kv_cache() -> None:
-    estimate = estimate_memory(fake_model(tied=False), n_ctx_total=100, n_gpu_layers=1)
+def test_partial_offload_takes_the_output_layer_first_then_the_last_blocks() -> None:
+    # llama.cpp counts the output layer as layer n_layer and offloads the last n_gpu_layers.
+    output_only = estimate_memory(fake_model(tied=False), n_ctx_total=100, n_gpu_layers=1)
+    assert output_only.gpu_layers == 0
+    assert output_only.gpu_weights_bytes == 4096 + MiB  # output norm and output
+    assert output_only.gpu_kv_cache_bytes == 0
 
+    estimate = estimate_memory(fake_model(tied=False), n_ctx_total=100, n_gpu_layers=2)
     assert estimate.gpu_layers == 1
-    assert estimate.gpu_weights_bytes == MiB  # blk.3 only; the output layer stays on the CPU
+    assert estimate.gpu_weights_bytes == MiB + 4096 + MiB  # blk.3, output norm and output
     assert estimate.gpu_kv_cache_bytes * 4 == estimate.kv_cache_bytes
+
+
+def test_as_many_layers_as_blocks_leave_the_first_block_on_the_cpu() -> None:
+    estimate = estimate_memory(fake_model(tied=False), n_ctx_total=100, n_gpu_layers=4)
+    assert estimate.gpu_layers == 3
+    assert estimate.gpu_weights_bytes == 3 * MiB + 4096 + MiB
 
 
 def test_no_offload_puts_nothing_on_the_gpu(starter: GGUFInfo) -> None:
