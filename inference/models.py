@@ -11,7 +11,10 @@ class VisibleModels(models.Manager):
     bootstrap does not register it again)."""
 
     def get_queryset(self):
-        return super().get_queryset().filter(hidden=False)
+        # What inference.catalog.specs.spec_for reads comes along (its base, the draft model of
+        # the weights it loads): spec_for runs on the event loop too, where queries may not.
+        return (super().get_queryset().filter(hidden=False)
+                .select_related("base", "draft", "base__draft"))  # fmt: skip
 
 
 class LLMModel(models.Model):
@@ -68,6 +71,12 @@ class LLMModel(models.Model):
     speculative = models.CharField(
         max_length=8, choices=[("auto", "auto"), ("off", "off")], default="auto",
         help_text="speculative decoding: auto (as far as it pays, measured) or off",
+    )  # fmt: skip
+    # A smaller model with the same vocabulary whose guesses speculation verifies (Ollama's and
+    # llama-server's draft model); checked by inference.catalog.drafts, loaded beside this one.
+    draft = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="drafting_for",
+        help_text="a small model of the same family that guesses this one's next tokens",
     )  # fmt: skip
     system_prompt = models.TextField(blank=True)
     default_params = models.JSONField(default=dict, blank=True)

@@ -3,6 +3,7 @@ and a LAN download."""
 
 from django import forms
 
+from inference.catalog.drafts import draft_problem
 from inference.catalog.fetching import validate_url
 from inference.catalog.importing import ImportRefused, check_name
 from inference.catalog.pulling.names import MAX_NAME_CHARS, InvalidName
@@ -114,10 +115,17 @@ class ModelSettingsForm(OwnSettingsForm):
         "same. off: never for this model (SPECULATIVE_DECODING=off: never on this box)",
     )  # fmt: skip
 
+    draft = forms.ModelChoiceField(
+        queryset=LLMModel.objects.filter(base__isnull=True), required=False,
+        label="Draft model", empty_label="none (drafts from the text itself)",
+        help_text="a smaller model with the same vocabulary whose guesses are checked a step at "
+        "a time; pays most on a GPU, and only where it is measured to",
+    )  # fmt: skip
+
     class Meta(OwnSettingsForm.Meta):
         fields = [
             "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-            "parallel", "speculative", "keep_alive", *OwnSettingsForm.Meta.fields,
+            "parallel", "speculative", "draft", "keep_alive", *OwnSettingsForm.Meta.fields,
         ]  # fmt: skip
         labels = {
             **OwnSettingsForm.Meta.labels, "kv_type": "KV cache type",
@@ -139,6 +147,14 @@ class ModelSettingsForm(OwnSettingsForm):
         if 0 < value < floor:
             raise forms.ValidationError(f"must be 0 (automatic) or at least {floor}")
         return value
+
+    def clean_draft(self) -> LLMModel | None:
+        draft = self.cleaned_data["draft"]
+        if draft is not None:
+            problem = draft_problem(self.instance, draft)
+            if problem:
+                raise forms.ValidationError(f"{draft.name} cannot draft for this model: {problem}")
+        return draft
 
     def clean_keep_alive(self) -> str:
         value = self.cleaned_data["keep_alive"].strip()
@@ -163,7 +179,7 @@ class ModelSettingsForm(OwnSettingsForm):
 # changing one means a reload.
 LOAD_FIELDS = frozenset({
     "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-    "parallel", "speculative",
+    "parallel", "speculative", "draft",
 })  # fmt: skip
 
 # Default sampling, one small field per parameter, each empty for "the engine's default" (shown

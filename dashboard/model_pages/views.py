@@ -212,6 +212,11 @@ def loaded_view(row: dict) -> dict:
     if row.get("load_seconds"):
         parts[0] += f" (the load took {row['load_seconds']:.1f} s)"
     parts.append(f"{size} mapped" + (f", {ctx} tokens per sequence" if ctx else ""))
+    draft = row.get("draft_model")
+    if draft and draft.get("problem"):
+        parts.append(f"its draft model is not used: {draft['problem']}")
+    elif draft:
+        parts.append(f"drafting with {os.path.basename(draft.get('path') or '')}")
     parts.append("answering now" if row.get("busy") else f"unloads in {expires} if idle")
     return {**row, "size_label": size, "expires_label": expires, "summary": "; ".join(parts) + "."}
 

@@ -26,7 +26,7 @@ from inference.gguf import GGUFError
 from inference.jobs import plain
 from inference.models import LLMModel
 from inference.planning.memory import MemoryEstimate
-from inference.planning.preflight import estimate_for_settings, gguf_info
+from inference.planning.preflight import adding_draft, estimate_for_settings, gguf_info
 from inference.serving.client import get_client
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,11 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
         cache_slots=kept_slots(model.parallel), flash_attn=model.flash_attn,
     )  # fmt: skip
+    weights = model.weights
+    if found is not None and weights.draft_id:
+        found = adding_draft(found, weights.draft.weights.file_path,
+                             sequences=model.parallel + kept_slots(model.parallel),
+                             kv_type=found.kv_type, n_gpu_layers=model.n_gpu_layers)  # fmt: skip
     return found, "" if found else "the file's metadata does not say enough to size it"
 
 

@@ -68,6 +68,7 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         parallel=model.parallel,
         cache_slots=kept_slots(model.parallel),
         speculative=model.speculative,
+        draft_model_path=model.draft.weights.file_path if model.draft_id else "",
         n_batch=model.n_batch,
         n_ubatch=model.n_ubatch,
         n_threads=settings.ENGINE_THREADS or model.n_threads,

@@ -103,6 +103,11 @@ class Runner(Protocol):
     def restore(self, seq_id: int, data: bytearray) -> bool: ...
     # The tokens sampled for each chunk that samples: one, or a draft's verified run.
     def execute(self, chunks: list[Chunk]) -> list[list[int]]: ...
+    # A draft model's guesses (speculation): for each (seq id, the stream's text, k), up to k
+    # tokens; drafts_from_model False: the model has none, and propose_drafts gives nothing.
+    drafts_from_model: bool
+
+    def propose_drafts(self, wants: list[tuple[int, object, int]]) -> list[list[int]]: ...
     # After execute(), for a request whose params ask for logprobs: its index-th sampled token's.
     def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs: ...
     def info(self) -> dict: ...
@@ -535,6 +540,7 @@ class Engine:
 
     def step(self) -> None:
         """One iteration: schedule → run → update."""
+        self._model_drafts()
         now = time.perf_counter()
         plan = self.scheduler.schedule(now)
         if plan.admitted:
@@ -568,6 +574,37 @@ class Engine:
         self._update(plan, sampled, started, ended)
         self.last_active = ended
         self._counts = self.scheduler.counts()
+
+    def _model_drafts(self) -> None:
+        """Before the step is planned: the draft model's guesses for the decoding streams
+        whose expected saving beats their cost (speculation.policy.model_draft_length). The
+        time they take is the step's too: the scheduler leaves it out of the step's budget."""
+        self.scheduler.drafting_s = 0.0
+        speculation = self.speculation
+        if speculation is None or not speculation.enabled or not self.runner.drafts_from_model:
+            return
+        wants, asked = [], []
+        for request in self.scheduler.running:
+            if request.status != Status.DECODING or request.speculation is None:
+                continue
+            room = min(request.max_new_tokens - len(request.output_ids) - 1,
+                       self.scheduler.ctx_per_seq - request.num_computed - 2)  # fmt: skip
+            k = speculation.model_draft_length(request, self.budget.times.predict, room)
+            if k:
+                history = request.speculation.history
+                wants.append((request.seq_id, history.ids[: history.length], k))
+                asked.append(request)
+        if not wants:
+            return
+        started = time.perf_counter()
+        try:
+            drafts = self.runner.propose_drafts(wants)
+        except Exception:  # noqa: BLE001 - a draft is a guess: without one the step goes on
+            log.exception("the draft model failed")
+            drafts = [[] for _ in wants]
+        seconds = time.perf_counter() - started
+        speculation.model_drafted(asked, drafts, seconds)
+        self.scheduler.drafting_s = seconds
 
     # --- KV edits and warm memory ----------------------------------------------------------
 

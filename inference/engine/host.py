@@ -390,6 +390,7 @@ class EngineHost:
                 "parallel": getattr(loaded.spec.config, "parallel", 1),
                 "sha256": loaded.spec.sha256,
                 "fitted": loaded.spec.fitted,
+                "draft_model": info.get("draft_model"),
             })  # fmt: skip
         return rows
 

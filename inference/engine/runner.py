@@ -18,6 +18,7 @@ import llama_cpp as ll
 import numpy as np
 
 from inference.engine.buffers import gpu_split, read_load_log
+from inference.engine.draft_model import DraftModel, DraftModelError
 from inference.engine.embedding import pack
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
@@ -123,6 +124,7 @@ class LlamaRunner:
         self._pieces: dict[int, bytes] = {}
         self._special_pieces: dict[int, bytes] = {}
         self._closed = False
+        self._draft = self._load_draft_model(config)
         self._info = self._read_info()
         # Embeddings run on a second context of the same weights, made on first use (most
         # models never embed). One input is pooled within one ubatch, so the ubatch is the
@@ -165,6 +167,22 @@ class LlamaRunner:
             ll.llama_model_free(self.model)
             raise LoadError("llama.cpp could not create a context with these settings")
         self.threads = threads
+
+    def _load_draft_model(self, config: RunnerConfig) -> DraftModel | None:
+        """The model's draft model, if it has one that can draft for it. One that cannot (its
+        vocabulary differs, its file is gone) leaves the model serving without it, and says
+        why in info() (the model page shows it): the household keeps its model either way."""
+        self.draft_problem = None
+        if not config.draft_model_path:
+            return None
+        try:
+            return DraftModel(config.draft_model_path, self.vocab, sequences=self.n_slots,
+                              n_threads=self.threads, n_gpu_layers=config.n_gpu_layers,
+                              kv_type=config.kv_type, flash_attn=config.flash_attn)  # fmt: skip
+        except DraftModelError as exc:
+            log.warning("%s: %s", config.model_path, exc)
+            self.draft_problem = str(exc)
+            return None
 
     # --- text --------------------------------------------------------------------------------
 
@@ -431,6 +449,17 @@ class LlamaRunner:
             top = tuple(entry(int(token_id)) for token_id in best)
         return StepLogprobs(entry(token), top)
 
+    @property
+    def drafts_from_model(self) -> bool:
+        return self._draft is not None
+
+    def propose_drafts(self, wants: list[tuple[int, np.ndarray, int]]) -> list[list[int]]:
+        """The draft model's guesses: for each (sequence id, the stream's text, k), up to k
+        tokens (speculation's third source of drafts; none without a draft model)."""
+        if self._draft is None:
+            return [[] for _ in wants]
+        return self._draft.propose(wants)
+
     def warm_up(self) -> None:
         """Decode a few tokens on sequence 0 and forget them: the first matmuls run at load, so
         a CPU that cannot run this build's kernels fails here, not in someone's answer."""
@@ -609,7 +638,16 @@ class LlamaRunner:
             "gpu_buffers": gpu_split(self._allocated["buffers"]),
             "gpu_layers": self._allocated["gpu_layers"],
             "layers": self._allocated["layers"],
+            "draft_model": self._draft_info(),
         }
+
+    def _draft_info(self) -> dict | None:
+        if not self.config.draft_model_path:
+            return None
+        if self._draft is None:
+            return {"path": self.config.draft_model_path, "problem": self.draft_problem}
+        return {"path": self._draft.path, "description": self._draft.description,
+                "size_bytes": self._draft.size_bytes, "problem": None}  # fmt: skip
 
     def close(self) -> None:
         if self._closed:
@@ -619,6 +657,8 @@ class LlamaRunner:
             ll.llama_sampler_free(sampler)
         self._samplers.clear()
         ll.llama_batch_free(self._batch)
+        if self._draft is not None:
+            self._draft.close()
         if self._embed_ctx is not None:
             ll.llama_batch_free(self._embed_batch)
             ll.llama_free(self._embed_ctx)

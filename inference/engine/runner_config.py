@@ -5,6 +5,10 @@ from dataclasses import dataclass
 KV_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml_type ids of the KV cache types we offer
 AUTOMATIC_CTX = 0  # ctx_per_seq chosen at load from the training context and free memory
 DEFAULT_N_BATCH = 512  # with every layer on a GPU the preflight raises it (planning.fitting)
+# A draft model's context (inference.engine.draft_model; sized by the preflight too): the most of
+# a stream's text it reads at once, and its KV cells per sequence.
+DRAFT_CATCH_UP = 256
+DRAFT_WINDOW = 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -26,6 +30,9 @@ class RunnerConfig:
     # Speculative decoding for this model (inference.engine.speculation): "auto" (as far as it
     # pays, measured), "off". The box's SPECULATIVE_DECODING can only turn it down.
     speculative: str = "auto"
+    # A draft model for speculation (inference.engine.draft_model): a GGUF with this model's
+    # vocabulary, loaded beside it; "" for none.
+    draft_model_path: str = ""
     # llama.cpp's extra weight buffer types (CPU repacking, AMX tiles). Faster for some
     # quantisations, but a CPU may advertise AMX that its hypervisor does not deliver, and then
     # the first matmul dies with SIGSEGV; the runner supervisor turns this off for such a host.
@@ -46,6 +53,8 @@ class RunnerConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
+        if not isinstance(self.draft_model_path, str) or len(self.draft_model_path) > 4096:
+            raise ValueError("draft_model_path must be a path")
         if self.speculative not in ("auto", "off"):
             raise ValueError(f"speculative must be auto or off, got {self.speculative!r}")
         if self.kv_type not in KV_TYPES:

@@ -150,6 +150,7 @@ class Scheduler:
         self.tiers = tiers if warm else None
         self.costs = costs or RestoreCosts()
         self.speculation = speculation
+        self.drafting_s = 0.0  # the draft model's time before this step (engine._model_drafts)
         self.cache = PrefixCache(n_slots, enabled=prefix_cache, keeps_dropped=warm)
         # Slots kept for a person's first request (step 4): one from four slots up, so a small
         # context keeps all its slots for work; never every slot.
@@ -294,7 +295,9 @@ class Scheduler:
                 offers.append((chunk, offered))
         if not offers:
             return
-        limit = self.budget.target(plan.interactive) * self.budget.safety - plan.restore_s
+        # The step's time includes KV restores and the draft model's drafting before it.
+        limit = (self.budget.target(plan.interactive) * self.budget.safety - plan.restore_s
+                 - self.drafting_s)  # fmt: skip
         given = self.speculation.allocate([(c.request, d) for c, d in offers],
                                           self.budget.times.predict, plan.n_tokens,
                                           plan.decodes, limit)  # fmt: skip

@@ -24,6 +24,7 @@ GPU part must fit in the GPU's free memory and the rest in free RAM.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -122,6 +123,20 @@ def estimate_memory(
         n_ctx_total=n_ctx_total,
         kv_type=kv_type.lower(),
         ctx_per_seq=ctx_per_seq,
+    )
+
+
+def with_draft(estimate: MemoryEstimate, draft: MemoryEstimate) -> MemoryEstimate:
+    """A model's estimate with its draft model's (weights, KV and compute, each where it goes)
+    added: the two load together in one runner."""
+    return dataclasses.replace(
+        estimate,
+        weights_bytes=estimate.weights_bytes + draft.weights_bytes,
+        kv_cache_bytes=estimate.kv_cache_bytes + draft.kv_cache_bytes,
+        compute_bytes=estimate.compute_bytes + draft.compute_bytes,
+        gpu_weights_bytes=estimate.gpu_weights_bytes + draft.gpu_weights_bytes,
+        gpu_kv_cache_bytes=estimate.gpu_kv_cache_bytes + draft.gpu_kv_cache_bytes,
+        gpu_compute_bytes=estimate.gpu_compute_bytes + draft.gpu_compute_bytes,
     )
 
 

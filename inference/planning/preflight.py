@@ -18,7 +18,8 @@ import os
 from functools import lru_cache
 
 from inference.engine.host import ModelSpec
-from inference.gguf import GGUFInfo, read_gguf
+from inference.engine.runner_config import DRAFT_CATCH_UP, DRAFT_WINDOW
+from inference.gguf import GGUFError, GGUFInfo, read_gguf
 from inference.planning import fitting
 from inference.planning.fitting import Fitted
 from inference.planning.machine import free_gpu_bytes, free_ram_bytes, gpu_readings, usable_gpus
@@ -28,6 +29,7 @@ from inference.planning.memory import (
     MemoryEstimate,
     check_fits,
     estimate_memory,
+    with_draft,
 )
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ def fit(
     least spec.min_ctx; with a GPU its KV type, GPU layers and batch too; why in
     `spec.fitted`), after the same check as `preflight`; raises to refuse the load."""
     info = gguf_info(spec.config.model_path)  # GGUFError propagates: the load is refused
+    spec = dataclasses.replace(spec, config=_usable_draft(spec.config))
     available = _free_for(info, resident_bytes, replacing)
     fitted = _fitted(info, spec.config, available, min_ctx=spec.min_ctx)
     sized = dataclasses.replace(spec, config=fitted.applied_to(spec.config), fitted=fitted.reason)
@@ -61,6 +64,20 @@ def fit(
     if fitted.reason:
         log.info("%s: %s", spec.name, fitted.reason)
     return sized
+
+
+def _usable_draft(config):
+    """The config with its draft model only where the draft's GGUF header passes the same
+    validation as a model's (llama.cpp never reads a file that failed it): a draft model that
+    is missing on this box or broken is left out, and the model loads without it."""
+    if not config.draft_model_path:
+        return config
+    try:
+        gguf_info(config.draft_model_path)
+    except (GGUFError, OSError) as exc:
+        log.warning("the draft model %s is left out: %s", config.draft_model_path, exc)
+        return dataclasses.replace(config, draft_model_path="")
+    return config
 
 
 def preflight(
@@ -135,8 +152,29 @@ def _fitted(info: GGUFInfo, config, available: AvailableMemory, min_ctx: int = 0
 def estimate_for_config(info: GGUFInfo, config) -> MemoryEstimate | None:
     """The estimate for a RunnerConfig's settings. llama.cpp gets one KV stream of ctx_per_seq
     cells per sequence slot, running or cached (inference.engine.runner), and never a
-    micro-batch larger than the batch."""
-    return _estimate(info, **_config_settings(config))
+    micro-batch larger than the batch. A draft model (config.draft_model_path) adds its own
+    weights, its KV (DRAFT_WINDOW cells per sequence slot) and compute."""
+    estimate = _estimate(info, **_config_settings(config))
+    if estimate is None or not config.draft_model_path:
+        return estimate
+    return adding_draft(estimate, config.draft_model_path, sequences=config.parallel
+                        + config.cache_slots, kv_type=config.kv_type,
+                        n_gpu_layers=config.n_gpu_layers)  # fmt: skip
+
+
+def adding_draft(estimate: MemoryEstimate, draft_path: str, *, sequences: int, kv_type: str,
+                 n_gpu_layers: int) -> MemoryEstimate:  # fmt: skip
+    """`estimate` with a draft model's weights, KV (DRAFT_WINDOW cells a sequence) and compute
+    added (inference.engine.draft_model); as it was where the draft's file cannot be sized."""
+    try:
+        draft = estimate_memory(
+            gguf_info(draft_path), n_ctx_total=DRAFT_WINDOW * sequences, kv_type=kv_type,
+            n_gpu_layers=n_gpu_layers, parallel=sequences, n_ubatch=2 * DRAFT_CATCH_UP,
+        )  # fmt: skip
+    except (ValueError, OSError) as exc:  # GGUFError is a ValueError
+        log.info("cannot estimate memory for the draft model %s: %s", draft_path, exc)
+        return estimate
+    return with_draft(estimate, draft)
 
 
 def _config_settings(config) -> dict:

@@ -30,7 +30,7 @@ from dashboard.api.errors import ApiError
 from dashboard.api.ollama.schemas import OllamaCopyRequest, OllamaCreateRequest
 from dashboard.api.streaming import ndjson
 from dashboard.models import ApiKey
-from inference.catalog import blobs, creating
+from inference.catalog import blobs, creating, drafts
 from inference.catalog.importing import ImportRefused, install_file, safe_filename
 from inference.catalog.lookup import UnknownModel, resolve
 from inference.gguf import GGUFError
@@ -86,12 +86,21 @@ def _make(body: OllamaCreateRequest) -> tuple[LLMModel, list[dict]]:
     settings_ = {"system": body.system, "template": body.template, "parameters": parameters,
                  "messages": creating.seed_messages(body.messages),
                  "license": body.license_text}  # fmt: skip
+    draft = None
+    if body.draft:
+        try:
+            draft = resolve(body.draft)
+        except UnknownModel as exc:
+            raise creating.CreateRefused(str(exc), "draft", status=404) from None
+        settings_["draft"] = draft
     lines = [{"status": "gathering model components"}]
     lines += [{"status": f"parameter {key} is not used: the base's load settings apply"}
               for key in ignored]  # fmt: skip
     if body.files:
         model = _from_blob(name, body.files, settings_, lines)
     elif body.from_:
+        if draft is not None:
+            raise _draft_on_derived(body.from_)
         try:
             base = resolve(body.from_)
         except UnknownModel as exc:
@@ -117,9 +126,12 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
         raise creating.CreateRefused(str(exc), "files") from None
     lines.append({"status": f"using existing layer sha256:{hexdigest}"})
     existing = blobs.model_with(digest)
+    draft = settings_.pop("draft", None)
     if existing is not None:
         # Those bytes are loaded as a model already: share them, as Ollama's layers are shared
         # (an uploaded copy of them is not needed then).
+        if draft is not None:
+            raise _draft_on_derived(existing.name)
         model = creating.derive(existing, name, **settings_)
         blobs.blob_path(digest).unlink(missing_ok=True)
         return model
@@ -133,6 +145,10 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
                                      "model", status=409)  # fmt: skip
     # The settings checked before the file moves, so a refusal leaves the blob as it was.
     creating.apply_settings(LLMModel(metadata={}), **settings_)
+    problem = drafts.file_problem(str(path), draft) if draft is not None else None
+    if problem:
+        raise creating.CreateRefused(f"{draft.name} cannot draft for this model: {problem}",
+                                     "draft")  # fmt: skip
     try:
         model = install_file(path, safe_filename(filename), source=LLMModel.Source.UPLOAD,
                              name=slug, sha256=hexdigest)  # fmt: skip
@@ -142,9 +158,18 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
         path.unlink(missing_ok=True)
         raise creating.CreateRefused(f"the blob is not a GGUF model: {exc}", "files") from None
     creating.apply_settings(model, **settings_)
+    model.draft = draft.weights if draft is not None else None
     model.save()
+    if draft is not None:
+        lines.append({"status": f"using {draft.name} as the draft model"})
     PulledName.objects.get_or_create(name=display, model=model)
     return model
+
+
+def _draft_on_derived(base: str) -> creating.CreateRefused:
+    return creating.CreateRefused(
+        f"a draft model is a load setting, and a model made from {base} loads as {base}: set "
+        f"the draft on {base} (its model page) instead", "draft")  # fmt: skip
 
 
 @admin_post

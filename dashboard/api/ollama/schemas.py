@@ -266,7 +266,8 @@ class OllamaPullRequest(Strict):
 
 class OllamaCreateRequest(Strict):
     """/api/create: a model from an uploaded blob (`files`: {"name.gguf": "sha256:…"}) or
-    `from` an existing one, with its own system prompt, parameters, template and messages."""
+    `from` an existing one, with its own system prompt, parameters, template and messages (and,
+    made of a file, a `draft` model)."""
 
     model: ModelName = ""
     name: ModelName = ""
@@ -279,6 +280,9 @@ class OllamaCreateRequest(Strict):
     parameters: dict[str, Any] | None = Field(None, max_length=64)
     messages: list[dict[str, Any]] | None = Field(None, max_length=64)
     quantize: str | None = None
+    # A draft model for speculation (a catalog model's name), for a model made of its own file:
+    # llama-server's --model-draft, the model page's "Draft model".
+    draft: ModelName = ""
     stream: bool = True
 
     @property

@@ -1,7 +1,10 @@
 """How far each decoding stream speculates in a step, from what it has shown and what steps cost.
 
-1. Drafts. A stream's draft is what its own text predicts (lookup.draft), else what its
-   partition's earlier answers predict (table.NgramTable).
+1. Drafts. A stream's draft is what its own text predicts (lookup.draft), else, where the
+   model has one, what its draft model writes (inference.engine.draft_model), else what its
+   partition's earlier answers predict (table.NgramTable). The first and last cost a lookup;
+   a draft model's costs a small model's steps, taken before the step only where its expected
+   saving beats that cost (model_draft_length), and probed now and then to learn it.
 2. Acceptance. Each stream keeps an estimate of the chance that a drafted token is kept, given
    the ones before it were (a moving average over what happened). It learns even while it does
    not speculate: the draft it would have made is checked against the token that came (a
@@ -28,6 +31,8 @@ PRIOR = 0.3  # a stream's acceptance before it has shown any
 SMOOTHING = 0.2  # weight of the newest observation in a stream's acceptance
 MARGIN = 0.05  # a draft token must raise the step's expected tokens per second by this much
 SHADOW = 4  # tokens of a shadow draft checked against what comes
+MODEL_DRAFT = 8  # tokens a draft model writes for one stream in one step, at most
+PROBE_EVERY = 16  # a stream the draft model does not pay for is drafted for once in this many steps
 
 
 @dataclass(slots=True)
@@ -35,16 +40,29 @@ class Stream:
     """One request's speculation: its text so far, its acceptance, its counts."""
 
     history: TokenHistory
-    acceptance: float = PRIOR
+    acceptance: float = PRIOR  # of drafts from its text and its partition's table
+    model_acceptance: float = PRIOR  # of its draft model's drafts
     shadow: list[int] = field(default_factory=list)  # the draft it did not make last step
+    model_draft: list[int] = field(default_factory=list)  # the draft model's, for this step
+    from_model: bool = False  # this step's offer (and shadow) is the draft model's
+    since_probe: int = 0  # steps since the draft model last drafted for it
     drafted: int = 0  # draft tokens verified for it
     accepted: int = 0  # of those, kept
 
     def observe(self, tries: int, kept: int) -> None:
-        """`tries` drafted tokens reached (each after the ones before it were kept), `kept`."""
+        """`tries` drafted tokens reached (each after the ones before it were kept), `kept`;
+        of the draft model's draft when from_model."""
         for n in range(tries):
             hit = 1.0 if n < kept else 0.0
-            self.acceptance += SMOOTHING * (hit - self.acceptance)
+            if self.from_model:
+                self.model_acceptance += SMOOTHING * (hit - self.model_acceptance)
+            else:
+                self.acceptance += SMOOTHING * (hit - self.acceptance)
+
+    @property
+    def rate(self) -> float:
+        """The acceptance that applies to this step's offer."""
+        return self.model_acceptance if self.from_model else self.acceptance
 
 
 MODES = ("off", "auto", "always")  # SPECULATIVE_DECODING
@@ -65,6 +83,9 @@ class Speculation:
         self.accepted = 0
         self.drafts = 0  # verifications that carried a draft (spec_decode_num_drafts)
         self.verify_tokens = 0  # draft tokens fed in steps
+        self.model_drafts = 0  # streams the draft model drafted for
+        self.model_seconds = 0.0  # spent drafting with the draft model
+        self.model_round_s: float | None = None  # one draft-model decode, measured (average)
 
     # --- a stream's life ---------------------------------------------------------------------
 
@@ -77,9 +98,13 @@ class Speculation:
         stream: Stream = request.speculation
         if stream is None or limit <= 0:
             return []
+        stream.from_model = False
         own = draft(stream.history, limit)
         if own:
             return own
+        if stream.model_draft:
+            stream.from_model = True
+            return stream.model_draft[:limit]
         recent = stream.history.ids[max(0, stream.history.length - 8) : stream.history.length]
         return self.table.draft(request.cache_partition, recent.tolist(), limit)
 
@@ -104,6 +129,51 @@ class Speculation:
         for token in tokens:
             stream.history.append(token)
         stream.shadow = []
+        stream.model_draft = []
+        stream.from_model = False
+
+    # --- the draft model -----------------------------------------------------------------------
+
+    def model_draft_length(self, request, predict, room: int) -> int:
+        """How many tokens the draft model should write for `request` before this step (0:
+        none), `room` at most. None where its own text already drafts (free); else the length
+        whose expected saving most exceeds its cost: k kept with chance a each in turn save
+        a + ... + a^k one-token steps (`predict(1)` seconds each) for k draft-model decodes
+        and k more tokens in the step. A stream it does not pay for is drafted for once every
+        PROBE_EVERY steps, so its acceptance (and the draft model's cost) stays measured."""
+        stream: Stream = request.speculation
+        if stream is not None:
+            stream.model_draft = []  # one from a step it was not in is stale
+        room = min(room, MODEL_DRAFT, self.max_draft)
+        if not self.enabled or stream is None or room <= 0 or draft(stream.history, 1):
+            return 0
+        stream.since_probe += 1
+        if self.mode == "always" or self.model_round_s is None or stream.since_probe >= PROBE_EVERY:
+            stream.since_probe = 0
+            return room
+        one = predict(1)
+        a = stream.model_acceptance
+        best_k, best = 0, 0.0
+        for k in range(1, room + 1):
+            saved = sum(a**i for i in range(1, k + 1)) * one
+            cost = k * self.model_round_s + predict(1 + k) - one
+            if saved - cost > best * (1 + MARGIN) and saved > (1 + MARGIN) * cost:
+                best_k, best = k, saved - cost
+        if best_k:
+            stream.since_probe = 0
+        return best_k
+
+    def model_drafted(self, requests: list, drafts: list[list[int]], seconds: float) -> None:
+        """What the draft model wrote for `requests` before this step, in `seconds`."""
+        for request, tokens in zip(requests, drafts, strict=True):
+            request.speculation.model_draft = tokens
+        rounds = max((len(t) for t in drafts), default=0)
+        self.model_drafts += sum(1 for t in drafts if t)
+        self.model_seconds += seconds
+        if rounds:
+            per_round = seconds / rounds
+            self.model_round_s = per_round if self.model_round_s is None else (
+                self.model_round_s + SMOOTHING * (per_round - self.model_round_s))  # fmt: skip
 
     def finished(self, request) -> None:
         """The answer is over: its partition's table learns what it said."""
@@ -135,10 +205,10 @@ class Speculation:
             request.speculation.shadow = offered[:SHADOW]
 
         def expected(n: int, k: int) -> float:
-            a = offers[n][0].speculation.acceptance
+            a = offers[n][0].speculation.rate
             return sum(a**i for i in range(1, k + 1))
 
-        order = sorted(range(len(offers)), key=lambda n: -offers[n][0].speculation.acceptance)
+        order = sorted(range(len(offers)), key=lambda n: -offers[n][0].speculation.rate)
         for _ in range(2):
             for n in order:
                 others_k = sum(given.values()) - given[n]
@@ -167,6 +237,8 @@ class Speculation:
                 "accepted": self.accepted, "drafts": self.drafts,
                 "verify_tokens": self.verify_tokens,
                 "acceptance": self.accepted / self.drafted if self.drafted else None,
+                "model_drafts": self.model_drafts,
+                "model_seconds": round(self.model_seconds, 4),
                 "table_contexts": self.table.contexts}  # fmt: skip
 
 

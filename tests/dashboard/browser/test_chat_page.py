@@ -125,7 +125,9 @@ def test_the_composer_stays_in_view_after_a_long_conversation(browser, live_appl
 def test_the_view_follows_a_stream_until_the_reader_scrolls_up(
     browser, live_appliance, answers, size
 ):
-    answers(max_tokens=200, temperature=0.8)
+    # Long enough that the answer still streams when Stop is pressed (about 10 s at the
+    # starter's speed, speculation on or off): the test reads the view while it follows.
+    answers(max_tokens=1000, temperature=0.8)
     cid = _conversation(live_appliance, 8)
     page = _open(browser, live_appliance, size)
     page.goto(f"{live_appliance.url}/c/{cid}/")

@@ -14,6 +14,7 @@ whatever runs beside it, and a wrong KV (a bad trim, a wrong position) changes t
 
 import json
 import math
+import random
 import threading
 import time
 from collections import defaultdict
@@ -78,6 +79,10 @@ class FakeRunner:
         self.gate: threading.Event | None = None  # when set up, execute() waits for it
         self.logprobs_asked: list[str] = []  # request ids, one per logprobs() call
         self.executing = threading.Event()  # set while execute() runs
+        # The fake's draft model: (the stream's text, k) -> its guesses; None: the model has
+        # none. `drafts_asked`: (seq id, k) for each stream it was asked to draft for.
+        self.draft_model = None
+        self.drafts_asked: list[tuple[int, int]] = []
 
         self.kv: dict[int, list[int]] = defaultdict(list)
         self.samplers: set[str] = set()
@@ -183,6 +188,14 @@ class FakeRunner:
         finally:
             self.executing.clear()
 
+    @property
+    def drafts_from_model(self) -> bool:
+        return self.draft_model is not None
+
+    def propose_drafts(self, wants) -> list[list[int]]:
+        self.drafts_asked += [(seq_id, k) for seq_id, _, k in wants]
+        return [self.draft_model([int(t) for t in text], k) for _, text, k in wants]
+
     def _run(self, chunks: list[Chunk], n_tokens: int) -> list[list[int]]:
         if n_tokens > self.n_batch:
             self._violation(f"a step of {n_tokens} tokens exceeds n_batch {self.n_batch}")
@@ -255,6 +268,23 @@ class FakeRunner:
         if self.executing.is_set():  # llama.cpp would free the model under llama_decode
             self.violations.append("the runner was closed during a step")
         self.closed = True
+
+
+def draft_model_of(accuracy: float, seed: int = 0):
+    """A fake draft model that guesses the fake model's next token with chance `accuracy`
+    (wrong guesses are a letter the fake model did not pick)."""
+    rng = random.Random(seed)
+
+    def draft(text: list[int], k: int) -> list[int]:
+        text, guesses = list(text), []
+        for _ in range(k):
+            token = next_token(text)
+            guess = token if rng.random() < accuracy else ord("a") + (token - ord("a") + 1) % 26
+            guesses.append(guess)
+            text.append(guess)
+        return guesses
+
+    return draft
 
 
 def alone_output(prompt: str, max_tokens: int) -> str:

@@ -6,9 +6,9 @@ import pytest
 
 from inference.engine.engine import Engine
 from inference.engine.params import SamplingParams
-from inference.engine.speculation.policy import Speculation
+from inference.engine.speculation.policy import PROBE_EVERY, Speculation
 
-from .fakes import EOG, FakeRunner, ask, char_tokens
+from .fakes import EOG, FakeRunner, ask, char_tokens, draft_model_of
 
 # The answer copies a line of its prompt: prompt lookup drafts it.
 LINES = "Lights: kitchen, hall, garage, attic, porch, cellar.\n"
@@ -117,3 +117,54 @@ def test_the_snapshot_and_the_step_log_tell_what_speculation_did(engines):
     assert snap["speculation"]["accepted"] == fast[-1].figures["draft_accepted"]
     assert sum(snap["steps"]["verify"]) == fast[-1].figures["drafted"]
     assert max(snap["steps"]["output"]) > 1  # steps that gave a stream several tokens
+
+
+# --- a draft model -------------------------------------------------------------------------------
+
+
+def free_text(mode: str | None, *, draft_model=None, per_token: float = 0.0, max_tokens=120):
+    """One answer of the fake model's own (unscripted) text, which its prompt does not predict:
+    only a draft model can; its events and the engine."""
+    fake = FakeRunner(n_slots=2, n_ctx=1024, ctx_per_seq=512, n_batch=64, per_token=per_token)
+    fake.draft_model = draft_model
+    engine = Engine(fake, itl_target=1.0,
+                    speculation=Speculation(mode) if mode else None).start()  # fmt: skip
+    handle = engine.submit(ask("Tell me something new.", SamplingParams(max_tokens=max_tokens),
+                               request_id="a"))  # fmt: skip
+    return list(handle.events(timeout=10)), engine
+
+
+def test_a_draft_model_drafts_what_the_text_cannot_and_the_answer_is_the_same(engines):
+    plain, off = free_text(None)
+    fast, on = free_text("always", draft_model=draft_model_of(0.9))
+    engines += [off, on]
+    assert fast[-1].text == plain[-1].text and len(plain[-1].text) == 120
+    assert on.runner.drafts_asked and not off.runner.drafts_asked
+    assert fast[-1].figures["draft_accepted"] > 50
+    assert stepped(on, "a") < stepped(off, "a") / 2
+    assert on.snapshot()["speculation"]["model_drafts"] > 0
+
+
+def test_a_wrong_draft_models_guesses_cost_tokens_not_the_answer(engines):
+    plain, off = free_text(None)
+    fast, on = free_text("always", draft_model=draft_model_of(0.0))
+    engines += [off, on]
+    assert fast[-1].text == plain[-1].text
+    assert fast[-1].figures["drafted"] > 0 and fast[-1].figures["draft_accepted"] == 0
+
+
+def test_auto_asks_a_draft_model_that_does_not_pay_only_now_and_then(engines):
+    fast, on = free_text("auto", draft_model=draft_model_of(0.0), per_token=0.002)
+    engines.append(on)
+    steps = stepped(on, "a")
+    assert 0 < len(on.runner.drafts_asked) <= steps / PROBE_EVERY + 2
+    assert len(fast[-1].text) == 120
+
+
+def test_auto_keeps_asking_a_draft_model_that_pays(engines):
+    # Steps cost the same for one token as for eight (a GPU): a good draft model pays.
+    fake_gpu = free_text("auto", draft_model=draft_model_of(0.95), per_token=0.0)
+    fast, on = fake_gpu
+    engines.append(on)
+    assert len(on.runner.drafts_asked) > stepped(on, "a") / 2
+    assert fast[-1].figures["draft_accepted"] > 50

@@ -78,6 +78,25 @@ def test_a_load_that_fits_passes_with_its_estimate(starter_path):
     assert estimate.kv_cache_bytes == 2 * 30 * 4096 * 3 * 64 * 2
 
 
+def test_a_draft_model_counts_in_the_estimate(starter_path, tmp_path):
+    from tests.inference.engine.draft_gguf import EMBED, LAYERS, write_draft
+
+    draft = write_draft(tmp_path / "draft.gguf", starter_path)
+    alone = preflight(spec(starter_path, ctx_per_seq=1024, parallel=2, cache_slots=0))
+    both = preflight(spec(starter_path, ctx_per_seq=1024, parallel=2, cache_slots=0,
+                          draft_model_path=str(draft)))  # fmt: skip
+    assert both.weights_bytes == alone.weights_bytes + read_gguf(draft).weights_bytes
+    # 1,024 cells a sequence for each of the 2 sequences, K and V, f16.
+    assert both.kv_cache_bytes == alone.kv_cache_bytes + 2 * LAYERS * 2048 * EMBED * 2
+
+
+def test_a_broken_draft_model_is_left_out_before_llama_cpp_sees_it(starter_path, corrupt_file):
+    fitted = fit(spec(starter_path, ctx_per_seq=512, draft_model_path=str(corrupt_file)))
+    assert fitted.config.draft_model_path == ""
+    missing = fit(spec(starter_path, ctx_per_seq=512, draft_model_path="/nonexistent.gguf"))
+    assert missing.config.draft_model_path == ""
+
+
 def test_the_micro_batch_is_never_counted_larger_than_the_batch(starter_path):
     small = preflight(spec(starter_path, n_batch=64, n_ubatch=512))
     large = preflight(spec(starter_path, n_batch=512, n_ubatch=512))

@@ -10,6 +10,7 @@ import ollama
 import pytest
 
 from tests.dashboard.api.server import STARTER
+from tests.inference.engine.draft_gguf import write_draft
 
 pytestmark = pytest.mark.model
 
@@ -90,6 +91,30 @@ def test_an_uploaded_blob_becomes_a_model_that_chats(appliance, admin, variant):
     assert answer.done and answer.eval_count >= 1
     admin.delete("tinyhome")
     assert "tinyhome:latest" not in [m.model for m in admin.list().models]
+
+
+def test_a_model_made_of_a_file_can_name_its_draft_model(appliance, admin, variant,
+                                                        starter_path, tmp_path):  # fmt: skip
+    small = write_draft(tmp_path / "tinydraft.gguf", starter_path)
+    admin.create(model="tinydraft", files={"tinydraft.gguf": admin.create_blob(small)})
+    digest = admin.create_blob(variant)
+    url, headers = f"{appliance.url}/api/create", appliance.headers("admin-app")
+
+    def create(**body):
+        return httpx.post(url, headers=headers, json={"stream": False, **body}, timeout=120)
+
+    derived = create(model="butler", **{"from": TAG}, draft="tinydraft")
+    assert derived.status_code == 400 and "load setting" in derived.json()["error"]
+    unknown = create(model="tinyhome", files={"tinyhome.gguf": digest}, draft="nosuch")
+    assert unknown.status_code == 404
+    backwards = create(model="tinyhome", files={"tinyhome.gguf": digest}, draft=TAG)
+    assert backwards.status_code == 400 and "not smaller" in backwards.json()["error"]
+    made = httpx.post(url, headers=headers, timeout=120, json={
+        "model": "tinyhome", "files": {"tinyhome.gguf": digest}, "draft": "tinydraft"})
+    assert made.status_code == 200 and "using tinydraft as the draft model" in made.text
+    assert chat(admin, "tinyhome").done
+    admin.delete("tinyhome")
+    admin.delete("tinydraft")
 
 
 def test_a_digest_mismatch_is_refused_and_leaves_no_blob(appliance):

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from inference.engine.speculation.lookup import TokenHistory
-from inference.engine.speculation.policy import PRIOR, Speculation, Stream
+from inference.engine.speculation.policy import MODEL_DRAFT, PRIOR, PROBE_EVERY, Speculation, Stream
 
 
 def stream(acceptance: float) -> SimpleNamespace:
@@ -103,3 +103,49 @@ def test_the_itl_target_still_bounds_a_long_draft():
     spec = Speculation()
     given = spec.allocate([(stream(0.97), [1] * 32)], measured, 1, 1, limit_s=0.08)
     assert given[0] > 0 and measured(1 + given[0]) <= 0.08
+
+
+# --- when to ask a draft model -------------------------------------------------------------------
+
+
+def decoding(text: list[int], model_acceptance: float = PRIOR) -> SimpleNamespace:
+    history = TokenHistory(text, len(text) + 64)
+    return SimpleNamespace(speculation=Stream(history, model_acceptance=model_acceptance))
+
+
+def test_a_draft_model_is_not_asked_where_the_text_drafts_itself():
+    spec = Speculation()
+    spec.model_round_s = 0.0001
+    assert spec.model_draft_length(decoding([1, 2, 3, 9, 1, 2, 3]), linear(0.01, 0.0), 8) == 0
+
+
+def test_a_draft_model_is_tried_before_its_cost_is_known():
+    spec = Speculation()
+    assert spec.model_draft_length(decoding([5, 6, 7]), linear(0.01, 0.0), 20) == MODEL_DRAFT
+
+
+def test_a_cheap_draft_model_that_guesses_well_drafts_for_a_step_that_costs_the_same_for_more():
+    spec = Speculation()
+    spec.model_round_s = 0.001
+    assert spec.model_draft_length(decoding([5, 6, 7], 0.9), linear(0.02, 0.0001), 20) >= 4
+
+
+def test_a_draft_model_that_guesses_badly_is_probed_only_now_and_then():
+    spec = Speculation()
+    spec.model_round_s = 0.001
+    request = decoding([5, 6, 7], 0.05)
+    asked = [spec.model_draft_length(request, linear(0.0, 0.010), 20) for _ in range(64)]
+    assert sum(1 for k in asked if k) == 64 // PROBE_EVERY
+
+
+def test_the_draft_models_guesses_are_offered_when_the_text_has_none():
+    spec = Speculation()
+    request = decoding([5, 6, 7])
+    request.cache_partition = None
+    spec.model_drafted([request], [[8, 9]], 0.002)
+    assert spec.proposal(request, 8) == [8, 9] and request.speculation.from_model
+    assert spec.model_round_s == 0.001
+    spec.came(request, [8, 4], [8, 9])  # one kept, then the model said 4
+    assert request.speculation.model_acceptance != PRIOR
+    assert request.speculation.acceptance == PRIOR
+    assert request.speculation.model_draft == []  # used once
