@@ -82,6 +82,7 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         300.0 if keep_alive is None else keep_alive,
         min_ctx=min_ctx,
         sha256=model.sha256,
+        draft_sha256=model.draft.weights.sha256 if model.draft_id else "",
     )
 
 

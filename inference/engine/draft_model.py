@@ -17,6 +17,7 @@ its KV first, as llama.cpp's own draft loop does.
 import ctypes
 import logging
 import os
+import time
 from collections.abc import Sequence
 
 import llama_cpp as ll
@@ -63,13 +64,16 @@ def incompatibility(target, draft) -> str | None:
 
 class DraftModel:
     def __init__(self, path: str, target_vocab, *, sequences: int, n_threads: int,
-                 n_gpu_layers: int, kv_type: str, flash_attn: bool):  # fmt: skip
+                 n_gpu_layers: int, kv_type: str, flash_attn: bool,
+                 use_extra_bufts: bool = True):  # fmt: skip
         """Load the GGUF at `path` for a target with `target_vocab` and `sequences` sequence
         ids. Raises DraftModelError when it cannot load or its vocabulary is not the target's."""
         if not os.path.isfile(path):
             raise DraftModelError(f"draft model file not found: {path}")
         params = ll.llama_model_default_params()
         params.n_gpu_layers = 999 if n_gpu_layers < 0 else n_gpu_layers
+        # As the model's own (runner_config): off where the host's AMX is not delivered.
+        params.use_extra_bufts = use_extra_bufts
         self.model = ll.llama_model_load_from_file(path.encode(), params)
         if not self.model:
             raise DraftModelError(f"llama.cpp could not load the draft model {path}")
@@ -107,17 +111,36 @@ class DraftModel:
         desc = ctypes.create_string_buffer(256)
         ll.llama_model_desc(self.model, desc, 256)
         self.description = desc.value.decode(errors="replace")
+        self.read_s = 0.0  # the last propose's reading of the streams' new text
+        self.round_s: float | None = None  # the last propose's seconds per drafting decode
         self._closed = False
 
     def propose(self, wants: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
         """For each (sequence id, the stream's text so far, k): up to k tokens the draft model
-        expects next, greedily; all streams' reading and drafting batched together."""
+        expects next, greedily; all streams' reading and drafting batched together. A failed
+        decode starts every sequence of the call afresh next time, and raises."""
+        try:
+            return self._propose(wants)
+        except RuntimeError:
+            for seq_id, _, _ in wants:
+                if 0 <= seq_id < self.sequences:
+                    self._reset(seq_id)
+            raise
+
+    def _propose(self, wants: list[tuple[int, Sequence[int], int]]) -> list[list[int]]:
+        started = time.perf_counter()
         pending: list[tuple[int, int, int]] = []  # (want, token, position) still to read
         final: dict[int, int] = {}  # want -> index in pending of its newest token
         for n, (seq_id, text, k) in enumerate(wants):
             if not 0 <= seq_id < self.sequences or k <= 0 or not len(text):
                 continue
-            pending += [(n, token, position) for token, position in self._to_read(seq_id, text)]
+            unread = self._to_read(seq_id, text)
+            if any(not 0 <= token < self._vocab_rows for token, _ in unread):
+                # An id the draft model has not (the vocabularies may differ by a few ids at
+                # the end; an API may send raw ids): no draft for this stream now.
+                self._reset(seq_id)
+                continue
+            pending += [(n, token, position) for token, position in unread]
             final[n] = len(pending) - 1
         drafts: list[list[int]] = [[] for _ in wants]
         # Reading: every stream's unread text, n_batch tokens a decode; a stream's newest token
@@ -129,7 +152,9 @@ class DraftModel:
                           for i, (n, token, position) in enumerate(part)])  # fmt: skip
             for n, row in guessing.items():
                 drafts[n] = [self._argmax(row)]
+        read = time.perf_counter()
         # Drafting: one more token for every stream still short of its k, a decode a round.
+        rounds = 0
         while True:
             entries = []
             for n in final:
@@ -140,10 +165,28 @@ class DraftModel:
                 break
             self._decode([(seq_id, token, len(self.held[seq_id]), True)
                           for _, seq_id, token in entries])  # fmt: skip
+            rounds += 1
             for row, (n, seq_id, token) in enumerate(entries):
                 self.held[seq_id].append(token)
                 drafts[n].append(self._argmax(row))
+        self.read_s = read - started
+        # What one more drafted token costs: a drafting decode (the reading gives the first).
+        if rounds:
+            self.round_s = (time.perf_counter() - read) / rounds
         return drafts
+
+    def _reset(self, seq_id: int) -> None:
+        ll.llama_memory_seq_rm(self.memory, seq_id, 0, -1)
+        self.held[seq_id] = []
+        self.start[seq_id] = 0
+
+    def warm_up(self) -> None:
+        """A few tokens through the draft model at load, then forgotten: its first decode (the
+        kernels' first run) is not in someone's answer, and a CPU that cannot run them fails
+        here, where the runner's load fails, not mid-stream."""
+        self.propose([(0, list(range(VOCAB_CHECK_FROM, VOCAB_CHECK_FROM + 8)), 2)])
+        self._reset(0)
+        self.round_s = None
 
     def _to_read(self, seq_id: int, text: Sequence[int]) -> list[tuple[int, int]]:
         """The (token, position) pairs sequence `seq_id` must read to hold `text`'s tail: the
@@ -163,7 +206,12 @@ class DraftModel:
             start = max(0, len(text) - CATCH_UP)
             tail = [int(t) for t in text[start:]]
             same = 0
-        ll.llama_memory_seq_rm(self.memory, seq_id, same, -1)
+        if not ll.llama_memory_seq_rm(self.memory, seq_id, same, -1):
+            # A model whose state cannot be cut (recurrent layers): read the tail afresh.
+            ll.llama_memory_seq_rm(self.memory, seq_id, 0, -1)
+            start = max(0, len(text) - CATCH_UP)
+            tail = [int(t) for t in text[start:]]
+            same = 0
         self.start[seq_id] = start
         self.held[seq_id] = tail
         return [(tail[i], i) for i in range(same, len(tail))]
@@ -180,9 +228,6 @@ class DraftModel:
         batch.n_tokens = len(entries)
         rc = ll.llama_decode(self.ctx, batch)
         if rc != 0:
-            for seq_id in {e[0] for e in entries}:  # start those sequences afresh next time
-                ll.llama_memory_seq_rm(self.memory, seq_id, 0, -1)
-                self.held[seq_id] = []
             raise RuntimeError(f"the draft model's llama_decode returned {rc}")
 
     def _argmax(self, row: int) -> int:

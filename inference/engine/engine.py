@@ -106,6 +106,7 @@ class Runner(Protocol):
     # A draft model's guesses (speculation): for each (seq id, the stream's text, k), up to k
     # tokens; drafts_from_model False: the model has none, and propose_drafts gives nothing.
     drafts_from_model: bool
+    draft_round_s: float | None  # the last propose_drafts' seconds per drafting decode
 
     def propose_drafts(self, wants: list[tuple[int, object, int]]) -> list[list[int]]: ...
     # After execute(), for a request whose params ask for logprobs: its index-th sampled token's.
@@ -603,7 +604,7 @@ class Engine:
             log.exception("the draft model failed")
             drafts = [[] for _ in wants]
         seconds = time.perf_counter() - started
-        speculation.model_drafted(asked, drafts, seconds)
+        speculation.model_drafted(asked, drafts, seconds, self.runner.draft_round_s)
         self.scheduler.drafting_s = seconds
 
     # --- KV edits and warm memory ----------------------------------------------------------

@@ -178,7 +178,8 @@ class LlamaRunner:
         try:
             return DraftModel(config.draft_model_path, self.vocab, sequences=self.n_slots,
                               n_threads=self.threads, n_gpu_layers=config.n_gpu_layers,
-                              kv_type=config.kv_type, flash_attn=config.flash_attn)  # fmt: skip
+                              kv_type=config.kv_type, flash_attn=config.flash_attn,
+                              use_extra_bufts=config.use_extra_bufts)  # fmt: skip
         except DraftModelError as exc:
             log.warning("%s: %s", config.model_path, exc)
             self.draft_problem = str(exc)
@@ -460,6 +461,11 @@ class LlamaRunner:
             return [[] for _ in wants]
         return self._draft.propose(wants)
 
+    @property
+    def draft_round_s(self) -> float | None:
+        """The last propose_drafts' seconds per drafted token past the first (None: none)."""
+        return self._draft.round_s if self._draft is not None else None
+
     def warm_up(self) -> None:
         """Decode a few tokens on sequence 0 and forget them: the first matmuls run at load, so
         a CPU that cannot run this build's kernels fails here, not in someone's answer."""
@@ -478,6 +484,11 @@ class LlamaRunner:
             if rc != 0:
                 raise LoadError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
         ll.llama_memory_seq_rm(self.memory, 0, 0, -1)
+        if self._draft is not None:
+            try:
+                self._draft.warm_up()
+            except RuntimeError as exc:
+                raise LoadError(f"the draft model failed its warm-up: {exc}") from exc
 
     def calibrate(self, budget_s: float = CALIBRATE_S) -> list[tuple[int, float]]:
         """Time steps of 1, 2, 4, ... tokens of one sequence with logits at every position (a

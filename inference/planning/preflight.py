@@ -60,6 +60,7 @@ def fit(
     available = _free_for(info, resident_bytes, replacing)
     fitted = _fitted(info, spec.config, available, min_ctx=spec.min_ctx)
     sized = dataclasses.replace(spec, config=fitted.applied_to(spec.config), fitted=fitted.reason)
+    sized = _draft_that_fits(sized, info, available)
     _check(sized, info, available)
     if fitted.reason:
         log.info("%s: %s", spec.name, fitted.reason)
@@ -78,6 +79,23 @@ def _usable_draft(config):
         log.warning("the draft model %s is left out: %s", config.draft_model_path, exc)
         return dataclasses.replace(config, draft_model_path="")
     return config
+
+
+def _draft_that_fits(spec: ModelSpec, info: GGUFInfo, available: AvailableMemory) -> ModelSpec:
+    """The fit sizes the model alone; where its draft model would then not fit beside it, the
+    draft is left out rather than the load refused: a model that loaded before a draft was
+    chosen still loads."""
+    config = spec.config
+    if not config.draft_model_path:
+        return spec
+    estimate = estimate_for_config(info, config)
+    try:
+        if estimate is not None:
+            check_fits(estimate, available)
+    except InsufficientMemory as exc:
+        log.warning("%s: its draft model is left out: with it the load %s", spec.name, exc)
+        return dataclasses.replace(spec, config=dataclasses.replace(config, draft_model_path=""))
+    return spec
 
 
 def preflight(

@@ -202,7 +202,10 @@ class WorkerRuntime:
 
     def local_spec(self, spec: ModelSpec) -> ModelSpec:
         """`spec` with this box's own copy of its file, found by sha256; the spec's path only
-        when the digest is unknown (not hashed yet). Raises NoCopy when this box lacks it."""
+        when the digest is unknown (not hashed yet). Raises NoCopy when this box lacks it. Its
+        draft model likewise, except that a box without a copy of the draft loads the model
+        without it (a draft only ever makes answers faster)."""
+        spec = self._local_draft(spec)
         if not spec.sha256:
             return spec
         path = self.index.path_for(spec.sha256)
@@ -217,6 +220,22 @@ class WorkerRuntime:
         if path == spec.config.model_path:
             return spec
         return dataclasses.replace(spec, config=dataclasses.replace(spec.config, model_path=path))
+
+    def _local_draft(self, spec: ModelSpec) -> ModelSpec:
+        config = spec.config
+        if not config.draft_model_path or not spec.draft_sha256:
+            return spec
+        path = self.index.path_for(spec.draft_sha256)
+        if path is None:
+            self.index.refresh()
+            path = self.index.path_for(spec.draft_sha256)
+        if path is None:
+            log.warning("inference worker %s has no copy of %s's draft model (sha256 %s…): "
+                        "it loads without one", self.name, spec.name, spec.draft_sha256[:12])
+        if path == config.draft_model_path:
+            return spec
+        return dataclasses.replace(spec, config=dataclasses.replace(
+            config, draft_model_path=path or ""))  # fmt: skip
 
     # --- request marks ---------------------------------------------------------------------------
 

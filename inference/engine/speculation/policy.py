@@ -163,15 +163,18 @@ class Speculation:
             stream.since_probe = 0
         return best_k
 
-    def model_drafted(self, requests: list, drafts: list[list[int]], seconds: float) -> None:
-        """What the draft model wrote for `requests` before this step, in `seconds`."""
+    def model_drafted(self, requests: list, drafts: list[list[int]], seconds: float,
+                      round_s: float | None = None) -> None:  # fmt: skip
+        """What the draft model wrote for `requests` before this step, in `seconds`; `round_s`:
+        what one drafting decode took (a stream's reading of its new text, usually a token or
+        two, costs about one), else reckoned as `seconds` over the longest draft."""
         for request, tokens in zip(requests, drafts, strict=True):
             request.speculation.model_draft = tokens
         rounds = max((len(t) for t in drafts), default=0)
         self.model_drafts += sum(1 for t in drafts if t)
         self.model_seconds += seconds
         if rounds:
-            per_round = seconds / rounds
+            per_round = round_s if round_s is not None else seconds / rounds
             self.model_round_s = per_round if self.model_round_s is None else (
                 self.model_round_s + SMOOTHING * (per_round - self.model_round_s))  # fmt: skip
 

@@ -54,13 +54,17 @@ def test_no_draft_model_is_the_default_and_can_be_chosen_again(staff, target, dr
 @pytest.mark.parametrize("case, reason", [
     ("itself", "a model cannot be its own draft model"),
     ("larger", "it is not smaller than the model"),
-    ("other vocabulary", "cannot draft for this model"),
+    ("another tokenizer", "cannot draft for this model: it splits text into tokens differently"),
+    ("other special tokens", "its beginning-of-text token differs"),
 ])  # fmt: skip
 def test_a_draft_model_that_cannot_draft_is_refused_with_the_reason(
-    staff, target, draft, tiny_model, case, reason
+    staff, target, draft, tiny_model, models_dir, starter_path, case, reason
 ):
+    odd = write_draft(models_dir / "odd-draft.gguf", starter_path, bos_token_id=5)
+    other_bos = register_file(odd, source="scan", name="odd-draft", hash_file=False)
     model, chosen = {"itself": (target, target), "larger": (draft, target),
-                     "other vocabulary": (target, tiny_model)}[case]  # fmt: skip
+                     "another tokenizer": (target, tiny_model),
+                     "other special tokens": (target, other_bos)}[case]  # fmt: skip
     response = post(staff, model, draft=chosen.pk, n_ctx=0)
     assert response.status_code == 400
     assert any(reason in e for e in errors_of(response)["draft"])

@@ -82,6 +82,7 @@ class FakeRunner:
         # The fake's draft model: (the stream's text, k) -> its guesses; None: the model has
         # none. `drafts_asked`: (seq id, k) for each stream it was asked to draft for.
         self.draft_model = None
+        self.draft_round_s: float | None = None
         self.drafts_asked: list[tuple[int, int]] = []
 
         self.kv: dict[int, list[int]] = defaultdict(list)

@@ -97,6 +97,20 @@ def test_a_broken_draft_model_is_left_out_before_llama_cpp_sees_it(starter_path,
     assert missing.config.draft_model_path == ""
 
 
+def test_a_draft_model_that_would_not_fit_beside_the_model_is_left_out(
+    starter_path, tmp_path, monkeypatch
+):
+    from tests.inference.engine.draft_gguf import write_draft
+
+    draft = write_draft(tmp_path / "draft.gguf", starter_path)
+    alone = preflight(spec(starter_path, ctx_per_seq=1024, parallel=2, cache_slots=0))
+    room = AvailableMemory(ram_bytes=alone.total_bytes + (1 << 20), gpu_bytes=None)
+    monkeypatch.setattr(preflight_module, "available_memory", lambda: room)
+    fitted = fit(spec(starter_path, ctx_per_seq=1024, parallel=2, cache_slots=0,
+                      draft_model_path=str(draft)))  # fmt: skip
+    assert fitted.config.draft_model_path == "" and fitted.config.ctx_per_seq == 1024
+
+
 def test_the_micro_batch_is_never_counted_larger_than_the_batch(starter_path):
     small = preflight(spec(starter_path, n_batch=64, n_ubatch=512))
     large = preflight(spec(starter_path, n_batch=512, n_ubatch=512))
