@@ -104,6 +104,9 @@ class StepTimes:
     stale_after: int = 500
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _seen: int = 0
+    # curve() as of the last observation: it changes only when a step is observed, and the
+    # budget and speculation's allocation read it dozens of times a step (a median a bucket).
+    _curve: list | None = None
 
     def observe(self, tokens: int, seconds: float) -> None:
         if tokens <= 0 or seconds <= 0:
@@ -116,6 +119,7 @@ class StepTimes:
             bucket = self._buckets[index] = _Bucket(deque(maxlen=self.window))
         bucket.steps.append((tokens, seconds))
         bucket.last_seen = self._seen
+        self._curve = None
 
     def calibrate(self, tokens: int, seconds: float) -> None:
         """A step timed at load (runner.calibrate): measured as any step, and its size stays
@@ -125,11 +129,14 @@ class StepTimes:
         bucket = self._buckets.get(tokens.bit_length() - 1)
         if bucket is not None:
             bucket.calibrated = True
+        self._curve = None
 
     def curve(self) -> list[tuple[float, float]]:
-        fresh = self._seen - self.stale_after
-        return [b.centroid() for _, b in sorted(self._buckets.items())
-                if b.last_seen > fresh or b.calibrated]  # fmt: skip
+        if self._curve is None:
+            fresh = self._seen - self.stale_after
+            self._curve = [b.centroid() for _, b in sorted(self._buckets.items())
+                           if b.last_seen > fresh or b.calibrated]  # fmt: skip
+        return list(self._curve)
 
     def predict(self, tokens: int) -> float:
         """A step's seconds at this size: on the measured curve, else by the linear fit."""

@@ -265,7 +265,7 @@ class Scheduler:
 
         # 5. Drafts: a decoding stream whose text is predictable feeds guesses at what follows,
         # verified in this same step, as far as they pay and the step's budget allows.
-        if self.speculation is not None and plan.decodes:
+        if self.speculation is not None and self.speculation.enabled and plan.decodes:
             self._draft(plan)
 
         # Charge each share what it was served; mark who priority left out.

@@ -29,7 +29,9 @@ from inference.engine.speculation.table import NgramTable
 MAX_DRAFT = 32  # tokens drafted for one stream in one step, at most
 PRIOR = 0.3  # a stream's acceptance before it has shown any
 SMOOTHING = 0.2  # weight of the newest observation in a stream's acceptance
-MARGIN = 0.05  # a draft token must raise the step's expected tokens per second by this much
+# A draft must raise the step's expected tokens per second by this much: more than the noise of
+# the step-cost curve, so a borderline draft (a JSON answer's repeated keys) is not a loss.
+MARGIN = 0.15
 SHADOW = 4  # tokens of a shadow draft checked against what comes
 MODEL_DRAFT = 8  # tokens a draft model writes for one stream in one step, at most
 PROBE_EVERY = 16  # a stream the draft model does not pay for is drafted for once in this many steps
