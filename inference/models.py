@@ -5,16 +5,21 @@ from django.db.models.functions import Lower
 
 from inference.catalog.netguard import redact_url
 
+SERVING_RELATED = ("base", "draft", "base__draft")
+
 
 class VisibleModels(models.Manager):
     """Registered models minus hidden ones (a deleted packaged model stays, hidden, so that
     bootstrap does not register it again)."""
 
     def get_queryset(self):
-        # What inference.catalog.specs.spec_for reads comes along (its base, the draft model of
-        # the weights it loads): spec_for runs on the event loop too, where queries may not.
-        return (super().get_queryset().filter(hidden=False)
-                .select_related("base", "draft", "base__draft"))  # fmt: skip
+        return super().get_queryset().filter(hidden=False)
+
+    def for_serving(self):
+        """With what inference.catalog.specs.spec_for reads (the base, the draft model of the
+        weights it loads): spec_for runs on the event loop too, where queries may not. Not the
+        default: PostgreSQL refuses FOR UPDATE (update_or_create) across the outer joins."""
+        return self.get_queryset().select_related(*SERVING_RELATED)
 
 
 class LLMModel(models.Model):

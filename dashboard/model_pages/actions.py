@@ -194,7 +194,7 @@ def make_default(request: HttpRequest, name: str) -> HttpResponse:
 
 
 async def _model_or_404(name: str) -> LLMModel:
-    model = await LLMModel.objects.filter(name=name).afirst()
+    model = await LLMModel.objects.for_serving().filter(name=name).afirst()
     if model is None:
         raise Http404(f"no model named {name!r}")
     return model

@@ -11,7 +11,7 @@ class UnknownModel(LookupError):
 
 
 def default_model() -> LLMModel | None:
-    models = LLMModel.objects  # with what spec_for reads (inference.models.VisibleModels)
+    models = LLMModel.objects.for_serving()
     return models.filter(is_default=True).first() or models.first()
 
 
@@ -23,8 +23,8 @@ def resolve(name: str | None) -> LLMModel:
             raise UnknownModel("no model is registered yet")
         return model
     base = name.split(":", 1)[0] if name.endswith(":latest") else name
-    # The base and draft come along (VisibleModels): spec_for reads them on the event loop.
-    model = LLMModel.objects.filter(name__in={name, base}).first()
+    # The base and draft come along: spec_for reads them on the event loop.
+    model = LLMModel.objects.for_serving().filter(name__in={name, base}).first()
     if model is None and (pulled := canonical(name)):
         # The name it was pulled as: "llama3.2" is "llama3.2:latest", as in Ollama.
         found = (

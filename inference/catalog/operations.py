@@ -130,7 +130,7 @@ async def reload(model: LLMModel, wait_s: float = 0.0) -> dict | None:
         if time.monotonic() >= deadline:
             raise OperationRefused(f"{model.name} is answering a request, so it was not reloaded")
         await asyncio.sleep(RELOAD_POLL_S)
-    fresh = await LLMModel.objects.aget(pk=model.pk)
+    fresh = await LLMModel.objects.for_serving().aget(pk=model.pk)
     return await load(fresh)
 
 
