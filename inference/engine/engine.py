@@ -588,8 +588,7 @@ class Engine:
         for request in self.scheduler.running:
             if request.status != Status.DECODING or request.speculation is None:
                 continue
-            room = min(request.max_new_tokens - len(request.output_ids) - 1,
-                       self.scheduler.ctx_per_seq - request.num_computed - 2)  # fmt: skip
+            room = self.scheduler.draft_room(request)
             k = speculation.model_draft_length(request, self.budget.times.predict, room)
             if k:
                 history = request.speculation.history

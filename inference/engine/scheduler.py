@@ -287,9 +287,7 @@ class Scheduler:
         offers = []
         for chunk in plan.chunks[: plan.decodes]:
             request = chunk.request
-            # The step gives it one token of its own besides those it keeps of a draft.
-            room = min(request.max_new_tokens - len(request.output_ids) - 1,
-                       self.ctx_per_seq - request.num_computed - 2)  # fmt: skip
+            room = self.draft_room(request)
             offered = self.speculation.proposal(request, min(room, self.speculation.max_draft))
             if offered:
                 offers.append((chunk, offered))
@@ -303,6 +301,12 @@ class Scheduler:
                                           plan.decodes, limit)  # fmt: skip
         for n, (chunk, offered) in enumerate(offers):
             chunk.draft = offered[: given[n]]
+
+    def draft_room(self, request: Request) -> int:
+        """The most draft tokens a decoding request may feed: a step gives it one token of its
+        own besides those it keeps of a draft, within max_tokens and its context."""
+        return min(request.max_new_tokens - len(request.output_ids) - 1,
+                   self.ctx_per_seq - request.num_computed - 2)
 
     def _decodes(self, decoding: list[Request], interactive: bool, now: float) -> list[Request]:
         """Step 1: every decoding sequence, unless background decodes would push a step that
