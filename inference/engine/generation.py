@@ -14,10 +14,13 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
+from inference.engine.media import MEDIA_MARKER, Image
 from inference.engine.params import SamplingParams
 from inference.engine.refusals import RefusalKind, Refused
 
 MAX_ID_CHARS = 128  # ids and keys come from the web side; a bound keeps them from growing logs
+# Images in one request: Frigate sends up to 20 preview frames; more is refused, not truncated.
+MAX_IMAGES = 32
 
 # Who reads the answer: a person (interactive) or an app working through a batch (background).
 Priority = Literal["interactive", "background"]
@@ -45,10 +48,15 @@ class GenerationRequest:
     # ("apikey:<id>", or one of its users when the app names them), a person ("user:<id>").
     # None: the anonymous share, one for every request that names none.
     share: str | None = None
+    # Its images, in the order of the MEDIA_MARKERs in its prompt text (inference.engine.media).
+    media: tuple[Image, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt, str):
             object.__setattr__(self, "prompt", tuple(self.prompt))
+        object.__setattr__(self, "media", tuple(self.media))
+        if self.media:
+            self._check_media()
         if not isinstance(self.params, SamplingParams):
             raise TypeError("params must be SamplingParams")
         if self.priority not in PRIORITIES:
@@ -59,6 +67,16 @@ class GenerationRequest:
             if value is not None and (not isinstance(value, str) or len(value) > MAX_ID_CHARS):
                 raise Refused(f"{name} must be a string of at most {MAX_ID_CHARS} characters",
                               kind=RefusalKind.INVALID, field=name)  # fmt: skip
+
+    def _check_media(self) -> None:
+        if len(self.media) > MAX_IMAGES:
+            raise Refused(f"at most {MAX_IMAGES} images in one request",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        if not all(isinstance(image, Image) for image in self.media):
+            raise TypeError("media must be Images")
+        if not isinstance(self.prompt, str) or self.prompt.count(MEDIA_MARKER) != len(self.media):
+            raise Refused("a prompt with images holds one media marker per image",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
 
     def accepted_perf(self) -> float:
         """The arrival on this process's perf_counter clock (what queue time and TTFT count
@@ -72,6 +90,7 @@ class GenerationRequest:
         data["params"] = asdict(self.params)
         if not isinstance(self.prompt, str):
             data["prompt"] = list(self.prompt)
+        data["media"] = [image.to_wire() for image in self.media]
         return data
 
     @classmethod
@@ -84,7 +103,11 @@ class GenerationRequest:
             unknown = set(data) - known
             if unknown:
                 raise TypeError(f"unknown request fields: {', '.join(sorted(unknown))}")
-            return cls(**{**data, "params": SamplingParams(**data["params"])})
+            media = data.get("media") or []
+            if not isinstance(media, list):
+                raise TypeError("media is a list")
+            return cls(**{**data, "params": SamplingParams(**data["params"]),
+                          "media": tuple(Image.from_wire(image) for image in media)})  # fmt: skip
         except Refused:
             raise
         except (TypeError, ValueError) as exc:
