@@ -33,6 +33,9 @@ class RunnerConfig:
     # A draft model for speculation (inference.engine.draft_model): a GGUF with this model's
     # vocabulary, loaded beside it; "" for none.
     draft_model_path: str = ""
+    # A vision projector (general.architecture "clip") that libmtmd loads beside the model, so
+    # requests may carry images (inference.engine.media); "" for a text-only model.
+    mmproj_path: str = ""
     # llama.cpp's extra weight buffer types (CPU repacking, AMX tiles). Faster for some
     # quantisations, but a CPU may advertise AMX that its hypervisor does not deliver, and then
     # the first matmul dies with SIGSEGV; the runner supervisor turns this off for such a host.
@@ -53,8 +56,10 @@ class RunnerConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
                 raise ValueError(f"{name} must be an integer between {lo} and {hi}, got {value!r}")
-        if not isinstance(self.draft_model_path, str) or len(self.draft_model_path) > 4096:
-            raise ValueError("draft_model_path must be a path")
+        for name in ("draft_model_path", "mmproj_path"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or len(value) > 4096:
+                raise ValueError(f"{name} must be a path")
         if self.speculative not in ("auto", "off"):
             raise ValueError(f"speculative must be auto or off, got {self.speculative!r}")
         if self.kv_type not in KV_TYPES:
