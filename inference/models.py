@@ -5,7 +5,7 @@ from django.db.models.functions import Lower
 
 from inference.catalog.netguard import redact_url
 
-SERVING_RELATED = ("base", "draft", "base__draft")
+SERVING_RELATED = ("base", "draft", "base__draft", "projector", "base__projector")
 
 
 class VisibleModels(models.Manager):
@@ -20,6 +20,34 @@ class VisibleModels(models.Manager):
         weights it loads): spec_for runs on the event loop too, where queries may not. Not the
         default: PostgreSQL refuses FOR UPDATE (update_or_create) across the outer joins."""
         return self.get_queryset().select_related(*SERVING_RELATED)
+
+
+class Projector(models.Model):
+    """A vision projector GGUF (general.architecture "clip", an "mmproj" file) that libmtmd
+    loads beside a language model so that it takes images; checked against that model's width
+    by inference.gguf.projector. Registered like a model's file (inference.catalog.projectors):
+    its path, size and sha256, and what its header says; never listed as a model itself."""
+
+    file_path = models.CharField(max_length=1000, unique=True)
+    size_bytes = models.BigIntegerField(default=0)
+    sha256 = models.CharField(max_length=64, blank=True)
+    source = models.CharField(max_length=10, default="scan")  # one of LLMModel.Source
+    projector_type = models.CharField(max_length=32)
+    projection_dim = models.PositiveIntegerField()
+    image_size = models.PositiveIntegerField()
+    patch_size = models.PositiveIntegerField()
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["file_path"]
+
+    def __str__(self) -> str:
+        return self.file_name
+
+    @property
+    def file_name(self) -> str:
+        return self.file_path.rsplit("/", 1)[-1]
 
 
 class LLMModel(models.Model):
@@ -83,6 +111,13 @@ class LLMModel(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="drafting_for",
         help_text="a small model of the same family that guesses this one's next tokens",
     )  # fmt: skip
+    # A vision projector loaded beside the weights (libmtmd): with one, the model takes images.
+    # Part of what loads, like the file: one language model file may have several entries,
+    # each with its own projector (see Meta).
+    projector = models.ForeignKey(
+        Projector, null=True, blank=True, on_delete=models.PROTECT, related_name="models",
+        help_text="a vision projector (mmproj) GGUF made for this model: it then takes images",
+    )  # fmt: skip
     system_prompt = models.TextField(blank=True)
     default_params = models.JSONField(default=dict, blank=True)
     chat_template_override = models.TextField(blank=True)
@@ -114,11 +149,19 @@ class LLMModel(models.Model):
     class Meta:
         ordering = ["name"]
         base_manager_name = "all_objects"
+        # One entry per file with weights of its own, and per file and projector: a language
+        # model file serves as text-only once, and once with each projector.
         constraints = [
             models.UniqueConstraint(
-                fields=["file_path"], condition=models.Q(base__isnull=True),
+                fields=["file_path"],
+                condition=models.Q(base__isnull=True, projector__isnull=True),
                 name="one_entry_per_weights_file",
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["file_path", "projector"],
+                condition=models.Q(base__isnull=True, projector__isnull=False),
+                name="one_entry_per_weights_and_projector",
+            ),
         ]  # fmt: skip
 
     def __str__(self) -> str:
@@ -127,6 +170,11 @@ class LLMModel(models.Model):
     @property
     def effective_chat_template(self) -> str:
         return self.chat_template_override or self.chat_template
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether its weights load with a vision projector (a derived model's: its base's)."""
+        return self.weights.projector_id is not None
 
     @property
     def weights(self) -> "LLMModel":

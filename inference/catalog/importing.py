@@ -25,9 +25,10 @@ from django.utils.text import slugify
 from inference.catalog.specs import kept_slots
 from inference.catalog.starter import packaged_models
 from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
+from inference.gguf.projector import is_projector
 from inference.jobs import plain
 from inference.jobs.progress import JobCancelled, JobProgress
-from inference.models import Job, LLMModel
+from inference.models import Job, LLMModel, Projector
 from inference.planning.preflight import estimate_for_settings
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,17 @@ ScheduleHash = Callable[[LLMModel], Job]
 
 class ImportRefused(ValueError):
     """A file or name cannot be registered; the message says why."""
+
+
+class IsProjector(ImportRefused):
+    """The file is a vision projector (a CLIP mmproj file), which is registered with the model it
+    serves, never as a model of its own."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        super().__init__(
+            f"{Path(path).name} is a vision projector (mmproj), not a language model: register "
+            "it with its model (import_model MODEL --mmproj FILE, or the model page's Projector)"
+        )
 
 
 class AlreadyRegistered(ImportRefused):
@@ -212,26 +224,39 @@ def register_file(
     hash_file: bool = True,
     progress: Progress | None = None,
     sha256: str = "",
+    projector: Projector | None = None,
 ) -> LLMModel:
-    """Register a GGUF file, or refresh the record that already holds it (idempotent).
+    """Register a GGUF file, or refresh the record that already holds it (idempotent); with
+    `projector` (registered and checked against this file by inference.catalog.projectors), the
+    entry of the file with that projector: one file may have a text-only entry and one per
+    projector.
 
     Raises GGUFError when the reader refuses the file (nothing is registered), ImportRefused
-    for a bad or taken name, AlreadyRegistered when another entry holds the same bytes. With
-    hash_file=False the sha256 stays empty for a hash job unless a copy check computed it;
-    `sha256` is the caller's, when it hashed the file on the way (a download, a copy).
+    for a bad or taken name or a projector file (IsProjector), AlreadyRegistered when another
+    entry holds the same bytes. With hash_file=False the sha256 stays empty for a hash job
+    unless a copy check computed it; `sha256` is the caller's, when it hashed the file on the
+    way (a download, a copy).
     """
     resolved = Path(path).resolve()
     info = read_gguf(resolved)
+    if is_projector(info):
+        raise IsProjector(resolved)
     fields = header_fields(info)
-    existing = LLMModel.all_objects.filter(file_path=str(resolved)).first()
+    existing = LLMModel.all_objects.filter(file_path=str(resolved), projector=projector,
+                                           base__isnull=True).first()  # fmt: skip
     if existing is not None:
         return _refresh(existing, fields, hash_file=hash_file, progress=progress)
-    copy_of, sha256 = registered_copy(resolved, info.file_size, sha256)
-    if copy_of is not None:
-        raise AlreadyRegistered(copy_of, "the same file: its sha256 matches")
+    same_file = LLMModel.all_objects.filter(file_path=str(resolved), base__isnull=True).first()
+    if same_file is not None:  # its entry with another projector, or none: the same bytes
+        sha256 = sha256 or same_file.sha256
+    else:
+        copy_of, sha256 = registered_copy(resolved, info.file_size, sha256)
+        if copy_of is not None:
+            raise AlreadyRegistered(copy_of, "the same file: its sha256 matches")
 
     chosen = check_name(name) if name else unique_name(name_from_path(resolved))
-    model = LLMModel(file_path=str(resolved), name=chosen, source=source, **fields)
+    model = LLMModel(file_path=str(resolved), name=chosen, source=source, projector=projector,
+                     **fields)  # fmt: skip
     # n_ctx stays 0, automatic: sized at each load from the training context and free memory.
     model.estimated_bytes = estimated_total(model, info)
     model.sha256 = sha256
@@ -243,7 +268,8 @@ def register_file(
             model.save()
     except IntegrityError:
         # Registered meanwhile by someone else (a scan racing an upload): that record wins.
-        existing = LLMModel.all_objects.filter(file_path=str(resolved)).first()
+        existing = LLMModel.all_objects.filter(file_path=str(resolved), projector=projector,
+                                               base__isnull=True).first()  # fmt: skip
         if existing is None:
             raise ImportRefused(f"the name {chosen!r} was taken meanwhile; try again") from None
         return existing
@@ -283,10 +309,12 @@ def copies(models: list[LLMModel]) -> dict[int, list[LLMModel]]:
     for model in models:
         if model.sha256 and not model.base_id:  # a derived model shares its base's on purpose
             by_hash.setdefault(model.sha256, []).append(model)
-    return {
-        model.pk: [other for other in group if other.pk != model.pk]
+    # Entries of one file (with different projectors) share it on purpose too.
+    found = {
+        model.pk: [other for other in group if other.file_path != model.file_path]
         for group in by_hash.values() if len(group) > 1 for model in group
     }  # fmt: skip
+    return {pk: others for pk, others in found.items() if others}
 
 
 def install_file(
@@ -296,10 +324,12 @@ def install_file(
     source: str,
     name: str | None = None,
     sha256: str = "",
+    projector: Projector | None = None,
 ) -> LLMModel:
     """Validate a complete file that arrived in the models directory (an upload, a download, a
-    copy), rename it into place as a free variant of `filename` and register it, storing
-    `sha256` when the caller hashed it on the way (empty: for a hash job).
+    copy), rename it into place as a free variant of `filename` and register it (with
+    `projector`, checked against it by the caller), storing `sha256` when the caller hashed it
+    on the way (empty: for a hash job).
 
     Raises GGUFError with `partial` left where it is (the caller removes it), ImportRefused for
     a bad or taken name; a file that cannot be registered is removed, never left unrecorded.
@@ -308,7 +338,8 @@ def install_file(
     target = free_path(filename)
     os.replace(partial, target)  # same directory: atomic
     try:
-        model = register_file(target, source=source, name=name, hash_file=False, sha256=sha256)
+        model = register_file(target, source=source, name=name, hash_file=False, sha256=sha256,
+                              projector=projector)  # fmt: skip
     except BaseException:
         target.unlink(missing_ok=True)  # no file without its record (a copy's included)
         raise
@@ -332,6 +363,7 @@ def estimated_total(model: LLMModel, info: GGUFInfo) -> int | None:
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
         cache_slots=kept_slots(model.parallel),
+        mmproj_path=model.projector.file_path if model.projector_id else "",
     )  # fmt: skip
     return estimate.total_bytes if estimate else None
 
@@ -382,15 +414,22 @@ def scan_models_dir(schedule_hash: ScheduleHash) -> list[LLMModel]:
 
 def scan_report(schedule_hash: ScheduleHash) -> tuple[list[LLMModel], list[tuple[str, str]]]:
     """(models registered now, [(path, reason) of every file skipped as invalid])."""
+    from inference.catalog.projectors import file_is_projector, looks_like_projector
+
     root = models_dir()
     known = set(LLMModel.all_objects.values_list("file_path", flat=True))
+    known |= set(Projector.objects.values_list("file_path", flat=True))
     new: list[LLMModel] = []
     skipped: list[tuple[str, str]] = []
+    projectors: list[Path] = []
     for path in sorted(root.rglob("*.gguf")):
         # Dot-names are ours in progress (uploads, downloads) or hidden on purpose.
         if any(part.startswith(".") for part in path.relative_to(root).parts):
             continue
         if not path.is_file() or str(path.resolve()) in known:
+            continue
+        if looks_like_projector(path) or file_is_projector(path):
+            projectors.append(path)  # never a model of its own: paired below
             continue
         try:
             model = register_file(path, source=LLMModel.Source.SCAN, hash_file=False)
@@ -400,11 +439,54 @@ def scan_report(schedule_hash: ScheduleHash) -> tuple[list[LLMModel], list[tuple
             continue
         known.add(model.file_path)
         new.append(model)
+    new = pair_beside(projectors, new, skipped)
     for model in new:
         schedule_hash(model)
     _resume_hashing(schedule_hash, exclude={m.pk for m in new})
     clean_partial_files()
     return new, skipped
+
+
+def pair_beside(
+    projector_files: list[Path], new: list[LLMModel], skipped: list[tuple[str, str]]
+) -> list[LLMModel]:
+    """The scan's pairing, as llama-server's -hf pairs a repository's mmproj with its model:
+    each projector file found now is registered, and each model in its directory without a
+    projector gets the first projector there that fits it (by file name), when the model or
+    that projector is new in this scan (a pairing someone undid on the page stays undone).
+    Returns `new` with its paired entries as they are now."""
+    from inference.catalog.projectors import projector_problem, register_projector
+
+    fresh: set[int] = set()
+    for path in projector_files:
+        try:
+            fresh.add(register_projector(path, source=LLMModel.Source.SCAN, n_embd=None).pk)
+        except (GGUFError, OSError) as exc:
+            log.warning("skipping the projector %s: %s", path, exc)
+            skipped.append((str(path), plain.message(exc) if isinstance(exc, GGUFError)
+                            else str(exc)))  # fmt: skip
+    new_pks = {model.pk for model in new}
+    places = {Path(model.file_path).parent for model in new}
+    places |= {Path(p.file_path).parent for p in Projector.objects.filter(pk__in=fresh)}
+    by_place: dict[Path, list[Projector]] = {}
+    for projector in Projector.objects.all():
+        by_place.setdefault(Path(projector.file_path).parent, []).append(projector)
+    paired: dict[int, LLMModel] = {}
+    for model in LLMModel.objects.filter(base__isnull=True, projector__isnull=True):
+        place = Path(model.file_path).parent
+        if place not in places:
+            continue
+        for projector in sorted(by_place.get(place, []), key=lambda p: p.file_path):
+            if model.pk not in new_pks and projector.pk not in fresh:
+                continue
+            if projector_problem(model, projector) is None:
+                model.projector = projector
+                model.save(update_fields=["projector"])
+                log.info("%s takes images with %s, found beside it", model.name,
+                         projector.file_name)  # fmt: skip
+                paired[model.pk] = model
+                break
+    return [paired.get(model.pk, model) for model in new]
 
 
 # A job that wrote no progress for this long died with its process (progress is written every

@@ -66,12 +66,13 @@ def estimate(model: LLMModel) -> tuple[MemoryEstimate | None, str]:
         info = gguf_info(model.weights.file_path)
     except GGUFError as exc:
         return None, plain.message(exc)  # its sentence, then the reader's detail
+    weights = model.weights
     found = estimate_for_settings(
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
         cache_slots=kept_slots(model.parallel), flash_attn=model.flash_attn,
+        mmproj_path=weights.projector.file_path if weights.projector_id else "",
     )  # fmt: skip
-    weights = model.weights
     if found is not None and weights.draft_id:
         found = adding_draft(found, weights.draft.weights.file_path,
                              sequences=model.parallel + kept_slots(model.parallel),

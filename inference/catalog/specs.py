@@ -69,6 +69,7 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         cache_slots=kept_slots(model.parallel),
         speculative=model.speculative,
         draft_model_path=model.draft.weights.file_path if model.draft_id else "",
+        mmproj_path=model.projector.file_path if model.projector_id else "",
         n_batch=model.n_batch,
         n_ubatch=model.n_ubatch,
         n_threads=settings.ENGINE_THREADS or model.n_threads,
@@ -83,6 +84,7 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         min_ctx=min_ctx,
         sha256=model.sha256,
         draft_sha256=model.draft.weights.sha256 if model.draft_id else "",
+        mmproj_sha256=model.projector.sha256 if model.projector_id else "",
     )
 
 

@@ -57,6 +57,8 @@ class ModelSpec:
     # The draft model's digest (config.draft_model_path's file), found the same way; "": none,
     # or not hashed yet.
     draft_sha256: str = ""
+    # The vision projector's digest (config.mmproj_path's file), found the same way; "": none.
+    mmproj_sha256: str = ""
     # What the host's preflight chose when it fitted the config to the machine, and why
     # (inference.planning.fitting); "" before (a spec crosses the wire unfitted).
     fitted: str = ""
@@ -69,19 +71,21 @@ class ModelSpec:
         """As JSON (split mode): an inference worker on another box needs no database."""
         return {"name": self.name, "keep_alive": self.keep_alive,
                 "config": dataclasses.asdict(self.config), "min_ctx": self.min_ctx,
-                "sha256": self.sha256, "draft_sha256": self.draft_sha256}  # fmt: skip
+                "sha256": self.sha256, "draft_sha256": self.draft_sha256,
+                "mmproj_sha256": self.mmproj_sha256}  # fmt: skip
 
     @classmethod
     def from_wire(cls, data: dict) -> "ModelSpec":
         from inference.engine.runner_config import RunnerConfig  # plain data, no llama_cpp
 
-        digests = {key: data.get(key) or "" for key in ("sha256", "draft_sha256")}
+        digests = {key: data.get(key) or "" for key in ("sha256", "draft_sha256", "mmproj_sha256")}
         for key, digest in digests.items():
             if not isinstance(digest, str) or len(digest) not in (0, 64):
                 raise ValueError(f"{key} must be a hex digest")
         return cls(data["name"], RunnerConfig(**data["config"]), data["keep_alive"],
                    min_ctx=int(data.get("min_ctx") or 0), sha256=digests["sha256"].lower(),
-                   draft_sha256=digests["draft_sha256"].lower())  # fmt: skip
+                   draft_sha256=digests["draft_sha256"].lower(),
+                   mmproj_sha256=digests["mmproj_sha256"].lower())  # fmt: skip
 
 
 class ServingEngine(Protocol):

@@ -15,6 +15,11 @@ The estimate has three parts, each an upper bound that is close for llama.cpp:
    micro-batch (n_ubatch x vocab x 4 bytes: llama.cpp reserves the worst case, every token an
    output) and the output buffer (one row of logits per parallel sequence).
 
+4. A vision projector (the model takes images): its weights, byte for byte, and its encoder's
+   compute buffer for the largest image it takes (inference.gguf.projector.ProjectorInfo
+   .encoder_compute_bytes says how it is reckoned). libmtmd puts both on the GPU when the
+   model's layers are offloaded, else in RAM.
+
 With a GPU, layers are offloaded as this llama.cpp does it (llama-model.cpp: the output layer is
 layer n_layer, and the last n_gpu_layers of the n_layer + 1 go to the GPU): the output layer
 first, then the last n_gpu_layers - 1 blocks with their share of the KV cache; -1 (or more than
@@ -32,6 +37,7 @@ from fractions import Fraction
 
 from inference.engine.refusals import RefusalKind, Refused
 from inference.gguf import GGML_TYPES_BY_NAME, GGUFInfo
+from inference.gguf.projector import ProjectorInfo
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -137,6 +143,20 @@ def with_draft(estimate: MemoryEstimate, draft: MemoryEstimate) -> MemoryEstimat
         gpu_weights_bytes=estimate.gpu_weights_bytes + draft.gpu_weights_bytes,
         gpu_kv_cache_bytes=estimate.gpu_kv_cache_bytes + draft.gpu_kv_cache_bytes,
         gpu_compute_bytes=estimate.gpu_compute_bytes + draft.gpu_compute_bytes,
+    )
+
+
+def with_projector(estimate: MemoryEstimate, projector: ProjectorInfo) -> MemoryEstimate:
+    """A model's estimate with its vision projector's weights and encoder compute added (part
+    4 of the module's), on the GPU where the model's layers go there."""
+    on_gpu = estimate.gpu_bytes > 0
+    weights, compute = projector.weights_bytes, projector.encoder_compute_bytes
+    return dataclasses.replace(
+        estimate,
+        weights_bytes=estimate.weights_bytes + weights,
+        compute_bytes=estimate.compute_bytes + compute,
+        gpu_weights_bytes=estimate.gpu_weights_bytes + (weights if on_gpu else 0),
+        gpu_compute_bytes=estimate.gpu_compute_bytes + (compute if on_gpu else 0),
     )
 
 

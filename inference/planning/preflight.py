@@ -7,6 +7,9 @@ host loads nothing:
 - InsufficientMemory: the estimate for these settings does not fit in free memory; the message
   has the numbers.
 
+- ProjectorError (a GGUFError): the model's vision projector is not one libmtmd can use for
+  it (inference.gguf.projector); libmtmd never sees it.
+
 It also fits the load to the machine (`fit`, the host's preflight): an automatic context, and with
 a GPU the KV type, the layers on the GPU and the batch, with the reason said
 (inference.planning.fitting). The estimate it checks is the one the model page shows.
@@ -20,6 +23,7 @@ from functools import lru_cache
 from inference.engine.host import ModelSpec
 from inference.engine.runner_config import DRAFT_CATCH_UP, DRAFT_WINDOW
 from inference.gguf import GGUFError, GGUFInfo, read_gguf
+from inference.gguf.projector import ProjectorInfo, check_projector
 from inference.planning import fitting
 from inference.planning.fitting import Fitted
 from inference.planning.machine import free_gpu_bytes, free_ram_bytes, gpu_readings, usable_gpus
@@ -30,6 +34,7 @@ from inference.planning.memory import (
     check_fits,
     estimate_memory,
     with_draft,
+    with_projector,
 )
 
 log = logging.getLogger(__name__)
@@ -45,8 +50,17 @@ def available_memory() -> AvailableMemory:
 
 def validate(spec: ModelSpec) -> None:
     """The part of the check that needs no room made: the file must be a GGUF we trust. The
-    host runs it before evicting anything, so a broken file never unloads a working model."""
-    gguf_info(spec.config.model_path)
+    host runs it before evicting anything, so a broken file never unloads a working model.
+    Its vision projector likewise, checked against the model."""
+    projector_of(spec.config, gguf_info(spec.config.model_path))
+
+
+def projector_of(config, info: GGUFInfo) -> ProjectorInfo | None:
+    """The config's vision projector (None: none), its header checked against the model's
+    width; raises ProjectorError (a GGUFError) for one libmtmd must not read."""
+    if not config.mmproj_path:
+        return None
+    return check_projector(gguf_info(config.mmproj_path), info.embedding_length)
 
 
 def fit(
@@ -56,6 +70,7 @@ def fit(
     least spec.min_ctx; with a GPU its KV type, GPU layers and batch too; why in
     `spec.fitted`), after the same check as `preflight`; raises to refuse the load."""
     info = gguf_info(spec.config.model_path)  # GGUFError propagates: the load is refused
+    projector_of(spec.config, info)  # and so does a projector's
     spec = dataclasses.replace(spec, config=_usable_draft(spec.config))
     available = _free_for(info, resident_bytes, replacing)
     fitted = _fitted(info, spec.config, available, min_ctx=spec.min_ctx)
@@ -202,6 +217,7 @@ def _config_settings(config) -> dict:
         "cache_slots": config.cache_slots, "kv_type": config.kv_type,
         "n_gpu_layers": config.n_gpu_layers, "n_batch": config.n_batch,
         "n_ubatch": config.n_ubatch, "flash_attn": config.flash_attn,
+        "mmproj_path": config.mmproj_path,
     }  # fmt: skip
 
 
@@ -217,14 +233,16 @@ def estimate_for_settings(
     cache_slots: int | None = None,
     available: AvailableMemory | None = None,
     flash_attn: bool = True,
+    mmproj_path: str = "",
 ) -> MemoryEstimate | None:
     """The estimate for these settings as the load will fit them to `available` (default: this
     machine's free memory): ctx_per_seq 0 (automatic) sized, and with a GPU the KV type, layers
-    and batch chosen (inference.planning.fitting); `reason` says what was chosen and why."""
+    and batch chosen (inference.planning.fitting); `reason` says what was chosen and why. A
+    vision projector (`mmproj_path`) counts, so the automatic context leaves it room."""
     settings = {
         "ctx_per_seq": ctx_per_seq, "parallel": parallel, "cache_slots": cache_slots,
         "kv_type": kv_type, "n_gpu_layers": n_gpu_layers, "n_batch": n_batch,
-        "n_ubatch": n_ubatch, "flash_attn": flash_attn,
+        "n_ubatch": n_ubatch, "flash_attn": flash_attn, "mmproj_path": mmproj_path,
     }  # fmt: skip
     fitted = fitting.fit(info, settings, available or available_memory(), estimate=_estimate)
     if fitted.estimate is None:
@@ -243,12 +261,13 @@ def _estimate(
     n_ubatch: int,
     cache_slots: int | None,
     flash_attn: bool = True,  # decides whether the KV may be quantised, not its size
+    mmproj_path: str = "",
 ) -> MemoryEstimate | None:
     # Prefix-cache slots hold KV too; inference.catalog.specs.spec_for gives a model as many as
     # `parallel`.
     slots = parallel + (parallel if cache_slots is None else cache_slots)
     try:
-        return estimate_memory(
+        estimate = estimate_memory(
             info,
             n_ctx_total=ctx_per_seq * slots,
             kv_type=kv_type,
@@ -260,6 +279,13 @@ def _estimate(
     except ValueError as exc:  # the metadata lacks what sizing needs
         log.info("cannot estimate memory for %s: %s", info.path, exc)
         return None
+    if not mmproj_path:
+        return estimate
+    try:
+        return with_projector(estimate, check_projector(gguf_info(mmproj_path), None))
+    except (GGUFError, OSError) as exc:  # refused where it loads (validate); sized without
+        log.info("cannot estimate memory for the projector %s: %s", mmproj_path, exc)
+        return estimate
 
 
 def gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:

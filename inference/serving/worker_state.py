@@ -204,8 +204,10 @@ class WorkerRuntime:
         """`spec` with this box's own copy of its file, found by sha256; the spec's path only
         when the digest is unknown (not hashed yet). Raises NoCopy when this box lacks it. Its
         draft model likewise, except that a box without a copy of the draft loads the model
-        without it (a draft only ever makes answers faster)."""
+        without it (a draft only ever makes answers faster). Its vision projector is part of
+        the model: a box without a copy of it lacks the model (NoCopy)."""
         spec = self._local_draft(spec)
+        spec = self._local_projector(spec)
         if not spec.sha256:
             return spec
         path = self.index.path_for(spec.sha256)
@@ -236,6 +238,23 @@ class WorkerRuntime:
             return spec
         return dataclasses.replace(spec, config=dataclasses.replace(
             config, draft_model_path=path or ""))  # fmt: skip
+
+    def _local_projector(self, spec: ModelSpec) -> ModelSpec:
+        config = spec.config
+        if not config.mmproj_path or not spec.mmproj_sha256:
+            return spec
+        path = self.index.path_for(spec.mmproj_sha256)
+        if path is None:
+            self.index.refresh()
+            path = self.index.path_for(spec.mmproj_sha256)
+        if path is None:
+            raise NoCopy(
+                f"inference worker {self.name} has no copy of {spec.name}'s vision projector "
+                f"(sha256 {spec.mmproj_sha256[:12]}…) under {settings.MODELS_DIR}"
+            )
+        if path == config.mmproj_path:
+            return spec
+        return dataclasses.replace(spec, config=dataclasses.replace(config, mmproj_path=path))
 
     # --- request marks ---------------------------------------------------------------------------
 

@@ -340,6 +340,7 @@ def _fit_note(model: LLMModel) -> str:
         info, ctx_per_seq=model.n_ctx, parallel=model.parallel, kv_type=model.kv_type,
         n_gpu_layers=model.n_gpu_layers, n_batch=model.n_batch, n_ubatch=model.n_ubatch,
         cache_slots=kept_slots(model.parallel),
+        mmproj_path=model.projector.file_path if model.projector_id else "",
     )  # fmt: skip
     if found is None:
         return ""
