@@ -29,7 +29,7 @@ from inference.gguf.projector import is_projector
 from inference.jobs import plain
 from inference.jobs.progress import JobCancelled, JobProgress
 from inference.models import Job, LLMModel, Projector
-from inference.planning.preflight import estimate_for_settings
+from inference.planning.preflight import estimate_for_settings, gguf_info
 
 log = logging.getLogger(__name__)
 
@@ -481,7 +481,8 @@ def pair_beside(
                 continue
             if projector_problem(model, projector) is None:
                 model.projector = projector
-                model.save(update_fields=["projector"])
+                model.estimated_bytes = estimated_total(model, gguf_info(model.file_path))
+                model.save(update_fields=["projector", "estimated_bytes"])
                 log.info("%s takes images with %s, found beside it", model.name,
                          projector.file_name)  # fmt: skip
                 paired[model.pk] = model

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from inference.catalog.importing import (
     ImportRefused,
     check_name,
+    estimated_total,
     metadata_summary,
     sha256_file,
     unique_name,
@@ -117,15 +118,18 @@ def with_projector(model: LLMModel, projector: Projector, *, name: str | None = 
                                          base__isnull=True).first()  # fmt: skip
     if paired is not None:
         return paired
+    info = gguf_info(weights.file_path)
     if weights.projector_id is None and not name:
         weights.projector = projector
-        weights.save(update_fields=["projector"])
+        weights.estimated_bytes = estimated_total(weights, info)
+        weights.save(update_fields=["projector", "estimated_bytes"])
         log.info("%s takes images now, with %s", weights.name, projector.file_name)
         return weights
     chosen = check_name(name) if name else unique_name(f"{weights.name}-vision")
     entry = LLMModel.objects.get(pk=weights.pk)
     entry.pk = entry.id = None
     entry.name, entry.projector, entry.is_default = chosen, projector, False
+    entry.estimated_bytes = estimated_total(entry, info)
     entry.save()
     log.info("%s: %s's weights with %s", entry.name, weights.name, projector.file_name)
     return entry

@@ -9,7 +9,13 @@ from gguf import GGUFWriter
 
 from tests.inference.projector_gguf import write_projector
 
-__all__ = ["projector_variant", "write_projector"]
+__all__ = ["projector_at", "projector_variant"]
+
+
+def projector_at(path: Path, model: Path, **options) -> Path:
+    """write_projector's projector for `model`, in a directory made for it when needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_projector(path, model, **options)
 
 
 @contextmanager
@@ -30,4 +36,4 @@ def projector_variant(path: Path, model: Path, *, drop: tuple[str, ...] = (),
     """write_projector's projector for `model`, with the metadata keys in `drop` left out and
     those in `change` given other values (of the same type)."""
     with _keys_changed(drop, change or {}):
-        return write_projector(path, model, **options)
+        return projector_at(path, model, **options)

@@ -6,7 +6,8 @@ from inference.gguf import read_gguf
 from inference.gguf.projector import VISION_PROJECTORS, ProjectorError, check_projector
 from tests.inference.gguf.conftest import EMBED
 from tests.inference.ggufs import tiny_gguf
-from tests.inference.projectors import projector_variant, write_projector
+from tests.inference.projector_gguf import write_projector
+from tests.inference.projectors import projector_variant
 
 
 @pytest.fixture
