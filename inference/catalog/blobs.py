@@ -9,8 +9,9 @@
 3. A digest that does not match, or a file the validating GGUF reader refuses, removes the
    partial file; only then is it renamed to `.blobs/sha256-<hex>`, a blob that counts.
 
-A digest also counts as present when a listed model has those bytes already (an upload made a
-model earlier, or a pull): /api/create then gives that model the new name instead of a copy.
+A digest also counts as present when a listed model or a registered vision projector has those
+bytes already (an upload made a model earlier, or a pull): /api/create then gives that model
+the new name instead of a copy.
 The `.blobs` directory starts with a dot, so the models-directory scan never registers a blob.
 
 A blob that no /api/create made into a model (which moves it out of `.blobs`) is removed once
@@ -34,7 +35,7 @@ from django.conf import settings
 
 from inference.catalog.importing import models_dir
 from inference.gguf import GGUFError, read_gguf
-from inference.models import LLMModel
+from inference.models import LLMModel, Projector
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,17 @@ def model_with(digest: str) -> LLMModel | None:
     return None
 
 
+def projector_with(digest: str) -> Projector | None:
+    """The registered vision projector (still on disk) whose sha256 is `digest`."""
+    for projector in Projector.objects.filter(sha256=digest_hex(digest)):
+        if os.path.isfile(projector.file_path):
+            return projector
+    return None
+
+
 def present(digest: str) -> bool:
-    return blob_path(digest).is_file() or model_with(digest) is not None
+    return (blob_path(digest).is_file() or model_with(digest) is not None
+            or projector_with(digest) is not None)  # fmt: skip
 
 
 def check_space(length: int | None) -> None:

@@ -12,12 +12,16 @@ in chunks, never as request.body.
 /api/create with `files` installs the blob as a model of its own, like an upload from the models
 page (the validating reader, the same registration); a blob whose bytes a listed model holds
 already, or `from` a model, makes a derived model instead (inference.catalog.creating): the
-weights are shared, never copied, and its settings are its own. The progress lines follow Ollama's
+weights are shared, never copied, and its settings are its own. A second file whose header says
+"clip" is the model's vision projector, as in Ollama's create: checked against the model and
+registered with it (inference.catalog.projectors), an entry of its own even when the model's
+bytes are registered already. The progress lines follow Ollama's
 (`gathering model components`, `using existing layer sha256:…`, `writing manifest`, `success`),
 or one object with `stream: false`; a refusal is an error status before any line.
 """
 
 import logging
+import os
 from pathlib import Path
 
 from asgiref.sync import sync_to_async
@@ -31,11 +35,14 @@ from dashboard.api.ollama.schemas import OllamaCopyRequest, OllamaCreateRequest
 from dashboard.api.streaming import ndjson
 from dashboard.models import ApiKey
 from inference.catalog import blobs, creating, drafts
-from inference.catalog.importing import ImportRefused, install_file, safe_filename
+from inference.catalog.importing import ImportRefused, free_path, install_file, safe_filename
 from inference.catalog.lookup import UnknownModel, resolve
-from inference.gguf import GGUFError
+from inference.catalog.projectors import file_is_projector, register_projector, with_projector
+from inference.gguf import GGUFError, read_gguf
+from inference.gguf.projector import check_projector
 from inference.jobs.tasks import keep_blobs_pruned
-from inference.models import LLMModel, PulledName
+from inference.models import LLMModel, Projector, PulledName
+from inference.planning.preflight import gguf_info
 
 log = logging.getLogger(__name__)
 
@@ -114,19 +121,69 @@ def _make(body: OllamaCreateRequest) -> tuple[LLMModel, list[dict]]:
     return model, lines
 
 
-def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LLMModel:
-    weights = [(file, digest) for file, digest in files.items() if file.lower().endswith(".gguf")]
-    if len(weights) != 1 or len(files) != 1:
-        raise creating.CreateRefused("files must name one GGUF file (a model without a "
-                                     "projector or adapters)", "files")  # fmt: skip
-    filename, digest = weights[0]
+def _sorted_files(files: dict) -> tuple[tuple[str, str], tuple[str, str] | None]:
+    """((file name, digest) of the language model, that of the vision projector or None) of a
+    create's `files`: the projector is the GGUF whose header says "clip", as Ollama's create
+    tells them apart."""
+    if not files or len(files) > 2 or not all(f.lower().endswith(".gguf") for f in files):
+        raise creating.CreateRefused("files must name one GGUF model file, and at most one "
+                                     "vision projector GGUF beside it (no adapters)",
+                                     "files")  # fmt: skip
+    models, projectors = [], []
+    for filename, digest in files.items():
+        try:
+            blobs.digest_hex(digest)
+        except blobs.BlobRefused as exc:
+            raise creating.CreateRefused(str(exc), "files") from None
+        clip = blobs.projector_with(digest) is not None or (
+            blobs.model_with(digest) is None and file_is_projector(blobs.blob_path(digest)))
+        (projectors if clip else models).append((filename, digest))
+    if len(models) != 1 or len(projectors) > 1:
+        raise creating.CreateRefused(f"files hold {len(models)} language models and "
+                                     f"{len(projectors)} vision projectors; a model is one "
+                                     "of the first and at most one of the second",
+                                     "files")  # fmt: skip
+    return models[0], (projectors[0] if projectors else None)
+
+
+def _projector_from_blob(filename: str, digest: str, model_path: str, lines: list[dict]
+                         ) -> Projector:  # fmt: skip
+    """The projector blob checked against the model file and registered (moved out of the
+    blobs directory into the models directory), or the registered one with those bytes."""
+    hexdigest = blobs.digest_hex(digest)
+    lines.append({"status": f"using existing layer sha256:{hexdigest}"})
+    n_embd = gguf_info(model_path).embedding_length
+    projector = blobs.projector_with(digest)
+    path = Path(projector.file_path) if projector else blobs.blob_path(digest)
+    if projector is None and not path.is_file():
+        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
+                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
     try:
-        hexdigest = blobs.digest_hex(digest)
-    except blobs.BlobRefused as exc:
-        raise creating.CreateRefused(str(exc), "files") from None
+        check_projector(read_gguf(path), n_embd)
+    except GGUFError as exc:
+        raise creating.CreateRefused(f"the vision projector {filename} cannot serve this "
+                                     f"model: {exc}", "files") from None  # fmt: skip
+    if projector is not None:
+        return projector
+    target = free_path(safe_filename(filename))
+    os.replace(path, target)  # out of the blobs directory, which is pruned
+    try:
+        return register_projector(target, source=LLMModel.Source.UPLOAD, n_embd=n_embd,
+                                  sha256=hexdigest)  # fmt: skip
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
+def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LLMModel:
+    (filename, digest), clip = _sorted_files(files)
+    hexdigest = blobs.digest_hex(digest)
     lines.append({"status": f"using existing layer sha256:{hexdigest}"})
     existing = blobs.model_with(digest)
     draft = settings_.pop("draft", None)
+    if clip is not None:
+        return _vision_from_blobs(name, (filename, digest), clip, existing, draft, settings_,
+                                  lines)  # fmt: skip
     if existing is not None:
         # Those bytes are loaded as a model already: share them, as Ollama's layers are shared
         # (an uploaded copy of them is not needed then).
@@ -162,6 +219,58 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
     model.save()
     if draft is not None:
         lines.append({"status": f"using {draft.name} as the draft model"})
+    PulledName.objects.get_or_create(name=display, model=model)
+    return model
+
+
+def _vision_from_blobs(name: str, weights: tuple[str, str], clip: tuple[str, str],
+                      existing: LLMModel | None, draft: LLMModel | None, settings_: dict,
+                      lines: list[dict]) -> LLMModel:  # fmt: skip
+    """A model file with a projector: an entry of its own (the projector is part of what
+    loads), of the registered file when those bytes are one; a model derived from the entry
+    that pairs the two already, when one does."""
+    filename, digest = weights
+    hexdigest = blobs.digest_hex(digest)
+    path = Path(existing.file_path) if existing else blobs.blob_path(digest)
+    if not path.is_file():
+        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
+                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
+    slug, display = creating.entry_name(name)
+    if creating.name_taken(display) is not None:
+        raise creating.CreateRefused(f"a model named {display} exists already; delete it first",
+                                     "model", status=409)  # fmt: skip
+    creating.apply_settings(LLMModel(metadata={}), **settings_)
+    problem = drafts.file_problem(str(path), draft) if draft is not None else None
+    if problem:
+        raise creating.CreateRefused(f"{draft.name} cannot draft for this model: {problem}",
+                                     "draft")  # fmt: skip
+    try:
+        read_gguf(path)
+    except GGUFError as exc:
+        raise creating.CreateRefused(f"the blob is not a GGUF model: {exc}", "files") from None
+    projector = _projector_from_blob(*clip, str(path), lines)
+    paired = LLMModel.objects.filter(file_path=str(path), projector=projector,
+                                     base__isnull=True).first()  # fmt: skip
+    if paired is not None:  # the same pair again: a model made from it, as for one file
+        if draft is not None:
+            raise _draft_on_derived(paired.name)
+        blobs.blob_path(digest).unlink(missing_ok=True)
+        return creating.derive(paired, name, **settings_)
+    try:
+        if existing is not None:
+            model = with_projector(existing, projector, name=slug)
+            blobs.blob_path(digest).unlink(missing_ok=True)
+        else:
+            model = install_file(path, safe_filename(filename), source=LLMModel.Source.UPLOAD,
+                                 name=slug, sha256=hexdigest, projector=projector)  # fmt: skip
+    except ImportRefused as exc:
+        raise creating.CreateRefused(str(exc), "model", status=409) from None
+    creating.apply_settings(model, **settings_)
+    if draft is not None:
+        model.draft = draft.weights
+        lines.append({"status": f"using {draft.name} as the draft model"})
+    model.save()
+    lines.append({"status": f"using {projector.file_name} as the vision projector"})
     PulledName.objects.get_or_create(name=display, model=model)
     return model
 
