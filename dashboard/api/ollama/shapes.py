@@ -42,13 +42,29 @@ def human_count(count: int | None) -> str:
     return str(count)
 
 
+def capabilities(model: LLMModel) -> list[str]:
+    """What the model can be asked, in Ollama's names: "vision" when it takes images (Open WebUI
+    enables image upload from it), "tools" and "thinking" where its template renders them."""
+    found = ["completion"]
+    if model.takes_images:
+        found.append("vision")
+    if template_renders_tools(model.effective_chat_template):
+        found.append("tools")
+    if thinking_mode(model.effective_chat_template):
+        found.append("thinking")  # Ollama's name: think: true is accepted
+    return found
+
+
 def details(model: LLMModel) -> dict:
+    families = [model.architecture] if model.architecture else []
+    if model.takes_images:
+        families.append("clip")  # as Ollama lists a model with a vision projector
     return {
         # A derived model's base, by the name /api/tags lists it under.
         "parent_model": tag_name(model.base) if model.base_id else "",
         "format": "gguf",
         "family": model.architecture,
-        "families": [model.architecture] if model.architecture else None,
+        "families": families or None,
         "parameter_size": human_count(model.parameter_count),
         "quantization_level": model.quantization,
     }
@@ -63,6 +79,9 @@ def tag(model: LLMModel, name: str | None = None) -> dict:
         "size": model.size_bytes,
         "digest": model.sha256,
         "details": details(model),
+        # Not in Ollama's tags; llama-server's have it, and a client can tell a vision model
+        # from the list without asking /api/show of each.
+        "capabilities": capabilities(model),
     }
 
 
@@ -123,11 +142,6 @@ def show(model: LLMModel) -> dict:
         f"{arch}.attention.head_count": model.head_count,
         f"{arch}.attention.head_count_kv": model.head_count_kv,
     }
-    capabilities = ["completion"]
-    if template_renders_tools(model.effective_chat_template):
-        capabilities.append("tools")
-    if thinking_mode(model.effective_chat_template):
-        capabilities.append("thinking")  # Ollama's name: think: true is accepted
     modelfile = [f"FROM {tag_name(model.base) if model.base_id else model.name}"]
     if model.chat_template_override:
         modelfile.append(f'TEMPLATE """{model.chat_template_override}"""')
@@ -147,6 +161,16 @@ def show(model: LLMModel) -> dict:
         "messages": list(model.seed_messages or []),
         "details": details(model),
         "model_info": {k: v for k, v in info.items() if v not in (None, "")},
-        "capabilities": capabilities,
+        "capabilities": capabilities(model),
         "modified_at": iso(model.last_used_at or model.created_at),
+        **({"projector_info": projector_info(model)} if model.takes_images else {}),
     }
+
+
+def projector_info(model: LLMModel) -> dict:
+    """The vision projector's header keys (clip.*), as Ollama's show gives a model's
+    projector_info."""
+    projector = model.weights.projector
+    keys = (projector.metadata or {}).get("keys") or {}
+    info = {"general.architecture": "clip", "clip.projector_type": projector.projector_type}
+    return {**info, **{k: v for k, v in keys.items() if k.startswith("clip.")}}

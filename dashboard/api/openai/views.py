@@ -43,13 +43,17 @@ def finish_reason(engine_reason: str) -> str:
 
 
 def model_entry(model: LLMModel) -> dict:
+    # What it takes and gives, in the shape llama-server's model list (and OpenRouter's) uses:
+    # OpenAI's own model object has no place for it.
+    inputs = ["text", "image"] if model.takes_images else ["text"]
+    modalities = {"input_modalities": inputs, "output_modalities": ["text"]}
     return {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
-            "owned_by": "appliance"}  # fmt: skip
+            "owned_by": "appliance", "architecture": modalities}  # fmt: skip
 
 
 @api_endpoint(dialect="openai")
 async def list_models(request: HttpRequest) -> JsonResponse:
-    models = await sync_to_async(list)(LLMModel.objects.all())
+    models = await sync_to_async(list)(LLMModel.objects.select_related("base"))
     return JsonResponse({"object": "list", "data": [model_entry(m) for m in models]})
 
 
