@@ -11,6 +11,10 @@
 4. Writing manifest: installed and registered like every GGUF (inference.catalog.importing
    install_file: the validating reader first), under the pulled name (a PulledName), with the
    params and system layers as its default sampling and system prompt.
+5. A vision projector the source has for the model (a Hugging Face repository's mmproj, as
+   llama-server's -hf fetches it) is fetched the same way, verified, checked against the model
+   and registered with it (inference.catalog.projectors): the name then means the model with
+   it. One that fails is left out, with the reason in the job's message: the model answers text.
 
 A pull that the network interrupted for good keeps its partial file, so the next pull of the
 same blob resumes where it stopped (as Ollama's does); a wrong file, a cancelled job and
@@ -40,6 +44,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference import storable
+from inference.catalog.blobs import projector_with
 from inference.catalog.fetching import (
     ATTEMPTS,
     BACKOFF_S,
@@ -51,19 +56,22 @@ from inference.catalog.importing import (
     STALE_JOB_S,
     AlreadyRegistered,
     ImportRefused,
+    free_path,
     install_file,
     models_dir,
     safe_filename,
     unique_name,
 )
 from inference.catalog.netguard import AddressRefused, DownloadPolicy, redact_text
+from inference.catalog.projectors import register_projector, with_projector
 from inference.catalog.pulling.names import InvalidName, parse
 from inference.catalog.pulling.sources import Blob, Plan, PullError, plan_pull, pull_policy
 from inference.catalog.specs import kept_slots
 from inference.engine.params import DEFAULTABLE, usable_defaults
-from inference.gguf import GGUFError
+from inference.gguf import GGUFError, read_gguf
+from inference.gguf.projector import check_projector
 from inference.jobs.progress import JobCancelled, JobProgress
-from inference.models import Job, LLMModel, PulledName
+from inference.models import Job, LLMModel, Projector, PulledName
 from inference.planning.memory import InsufficientMemory, check_fits
 from inference.planning.preflight import available_memory, estimate_for_settings, gguf_info
 
@@ -178,8 +186,9 @@ def pull_model(
                 progress.update(plan.blob.size or 0, plan.blob.size, "already here:")
                 progress.phase("verifying", "verifying sha256 digest")
                 progress.phase("writing", "writing manifest")
+            model, left_out = _with_projector(model, plan, progress, attempts, backoff, policy)
             _adopt(model, plan, installed=installed)
-        note = _fit_note(model)
+        note = "; ".join(filter(None, [left_out, _fit_note(model)]))
         progress.detail["phase"] = "done"
         progress.detail["note"] = note
         progress.finish(f"pulled {name.display} as {model.name}" + (f"; {note}" if note else ""),
@@ -299,6 +308,52 @@ def _download(plan: Plan, part: Path, progress: PullProgress, attempts: int, bac
     except AlreadyRegistered as exc:  # the copy was removed; the name goes to the original
         return exc.model, False
     return model, True
+
+
+def _with_projector(model: LLMModel, plan: Plan, progress: PullProgress, attempts: int,
+                    backoff: float, policy: DownloadPolicy) -> tuple[LLMModel, str]:  # fmt: skip
+    """Step 5: (the entry of the model with the plan's projector, or `model` itself when there
+    is none or it was left out; why it was left out, or "")."""
+    blob = plan.projector
+    if blob is None:
+        return model, ""
+    try:
+        projector = projector_with(blob.digest) if blob.digest else None
+        if projector is None:
+            projector = _fetch_projector(blob, model, progress, attempts, backoff, policy)
+        else:
+            progress.layer(blob.digest, blob.size, blob.size or 0)
+        return with_projector(model, projector), ""
+    except (GGUFError, ImportRefused, PullError) as exc:
+        log.warning("pull of %s: the projector %s is left out: %s", plan.name.display,
+                    blob.filename, exc)  # fmt: skip
+        return model, f"its vision projector {blob.filename} is left out: {exc}"
+    finally:
+        progress.blob = plan.blob
+
+
+def _fetch_projector(blob: Blob, model: LLMModel, progress: PullProgress, attempts: int,
+                     backoff: float, policy: DownloadPolicy) -> Projector:  # fmt: skip
+    progress.blob = blob
+    part = partial_path(blob)
+    with _holding(part, progress) as hold:
+        try:
+            digest = fetch_with_retries(blob.url, part, progress, attempts, backoff, policy)
+        except DownloadError as exc:
+            hold.keep = isinstance(exc.__cause__, RETRIED)
+            raise PullError(_describe(exc)) from None
+        if blob.digest and f"sha256:{digest}" != blob.digest:
+            raise PullError(f"the downloaded file's digest sha256:{digest} is not the "
+                            f"listed {blob.digest}; the file was removed")  # fmt: skip
+        check_projector(read_gguf(part), model.embedding_length)  # before it is installed
+        target = free_path(safe_filename(blob.filename))
+        os.replace(part, target)
+        try:
+            return register_projector(target, source=LLMModel.Source.PULL,
+                                      n_embd=model.embedding_length, sha256=digest)  # fmt: skip
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
 
 
 def _adopt(model: LLMModel, plan: Plan, *, installed: bool) -> None:

@@ -14,7 +14,8 @@ Ollama registry (the Docker registry protocol, as Ollama's server pulls):
 Hugging Face (`hf.co/{user}/{repo}:{quant}`): the repository's files come from
 {HF_ENDPOINT}/api/models/{user}/{repo}?blobs=true, the GGUF whose name has the quant in it
 (Q4_K_M unless one is asked) is chosen, and fetched from /{user}/{repo}/resolve/main/{file},
-verified against the sha256 that the listing gives for it.
+verified against the sha256 that the listing gives for it. A repository with a vision projector
+(an "mmproj" GGUF) has it fetched too, chosen as llama-server's -hf chooses it (choose_mmproj).
 
 Every connection goes through the download guard (inference.catalog.netguard, via
 inference.catalog.fetching.guarded_get), each redirect hop included; the configured registry and
@@ -45,6 +46,7 @@ MAX_SMALL_LAYER_BYTES = 1 << 20
 MAX_SMALL_LAYERS = 8  # a manifest could list thousands; Ollama's have one of each at most
 MAX_LISTING_BYTES = 8 << 20  # a Hugging Face repository's file list
 DEFAULT_QUANT = "Q4_K_M"
+MMPROJ = "mmproj"  # in the name of a repository's vision projector GGUF
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _SPLIT_GGUF = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 
@@ -76,6 +78,7 @@ class Plan:
     params: dict = field(default_factory=dict)
     system: str = ""
     license: str = ""
+    projector: Blob | None = None  # the vision projector fetched with the model
 
 
 def pull_policy() -> DownloadPolicy:
@@ -206,20 +209,58 @@ def _hugging_face_plan(name: PullName, policy: DownloadPolicy) -> Plan:
         for item in siblings
         if isinstance(item, dict) and isinstance(item.get("rfilename"), str)
         and item["rfilename"].lower().endswith(".gguf")
-        and not item["rfilename"].rsplit("/", 1)[-1].lower().startswith("mmproj")
+        and MMPROJ not in item["rfilename"].rsplit("/", 1)[-1].lower()
     }  # fmt: skip
     path = choose_file(sorted(files), name.tag, repo)
-    item = files[path]
+    projectors = [item["rfilename"] for item in siblings if isinstance(item, dict)
+                  and isinstance(item.get("rfilename"), str)
+                  and item["rfilename"].lower().endswith(".gguf")
+                  and MMPROJ in item["rfilename"].rsplit("/", 1)[-1].lower()]  # fmt: skip
+    projector = choose_mmproj(projectors, path)
+    by_name = {item["rfilename"]: item for item in siblings
+               if isinstance(item, dict) and isinstance(item.get("rfilename"), str)}  # fmt: skip
+    return Plan(name=name, blob=_hf_blob(base, repo, path, by_name[path]), source=f"{base}/{repo}",
+                projector=_hf_blob(base, repo, projector, by_name[projector])
+                if projector else None)  # fmt: skip
+
+
+def _hf_blob(base: str, repo: str, path: str, item: dict) -> Blob:
     lfs = item.get("lfs") if isinstance(item.get("lfs"), dict) else {}
     sha = lfs.get("sha256") if isinstance(lfs.get("sha256"), str) else ""
     size = lfs.get("size", item.get("size"))
-    blob = Blob(
+    return Blob(
         url=f"{base}/{quote(repo)}/resolve/main/{quote(path)}",
         digest=f"sha256:{sha}" if _DIGEST.match(f"sha256:{sha}") else "",
         size=size if isinstance(size, int) and not isinstance(size, bool) else None,
         filename=path.rsplit("/", 1)[-1],
     )  # fmt: skip
-    return Plan(name=name, blob=blob, source=f"{base}/{repo}")
+
+
+def quant_bits(path: str) -> int:
+    """The bits of a file name's quant tag, as llama.cpp's extract_quant_bits reads them:
+    "x.Q4_K_M.gguf" 4, "mmproj-F16.gguf" 16, no tag 0."""
+    stem = _SPLIT_GGUF.sub("", path.rsplit("/", 1)[-1])
+    stem = stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
+    tag = re.search(r"[-.]([A-Za-z0-9_]+)$", stem)
+    bits = re.search(r"\d+", tag.group(1)) if tag else None
+    return int(bits.group(0)) if bits else 0
+
+
+def choose_mmproj(projectors: list[str], model_path: str) -> str | None:
+    """The projector for the model file at `model_path`, as llama-server's -hf picks it
+    (common/download.cpp, find_best_sibling): one in the model's directory or above it, the
+    deepest such directory first, then the quant closest in bits to the model's."""
+    model_dir = model_path.split("/")[:-1]
+    best: tuple[int, int] | None = None
+    chosen = None
+    for path in projectors:
+        own_dir = path.split("/")[:-1]
+        if model_dir[: len(own_dir)] != own_dir:
+            continue
+        rank = (-len(own_dir), abs(quant_bits(path) - quant_bits(model_path)))
+        if best is None or rank < best:
+            best, chosen = rank, path
+    return chosen
 
 
 def choose_file(paths: list[str], tag: str, repo: str) -> str:

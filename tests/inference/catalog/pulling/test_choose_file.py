@@ -33,3 +33,15 @@ def test_a_quant_that_is_only_a_prefix_of_another_is_not_found():
 def test_a_split_gguf_is_refused_with_the_reason():
     with pytest.raises(PullError, match="split into parts"):
         choose_file(FILES, "Q6_K", "u/r")
+
+
+def test_the_mmproj_is_chosen_as_llama_server_chooses_it():
+    from inference.catalog.pulling.sources import choose_mmproj
+
+    both = ["mmproj-F16.gguf", "mmproj-Q8_0.gguf"]
+    assert choose_mmproj(both, "x.Q4_K_M.gguf") == "mmproj-Q8_0.gguf"  # the closest bits
+    assert choose_mmproj(both, "x.BF16.gguf") == "mmproj-F16.gguf"
+    nested = ["mmproj-F16.gguf", "vl/mmproj-F32.gguf", "other/mmproj-Q8_0.gguf"]
+    assert choose_mmproj(nested, "vl/x.Q8_0.gguf") == "vl/mmproj-F32.gguf"  # its own folder
+    assert choose_mmproj(["other/mmproj.gguf"], "x.Q8_0.gguf") is None
+    assert choose_mmproj([], "x.Q8_0.gguf") is None

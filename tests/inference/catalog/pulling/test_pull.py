@@ -296,3 +296,57 @@ def test_two_pulls_of_one_blob_download_it_once(models_dir, registry, gguf):
     assert names(results[first.id]) == ["tiny:1b", "tiny:latest"]
     assert len(registry.blob_requests()) == 1
     assert leftovers(models_dir) == []
+
+
+@pytest.fixture
+def projector_for(tmp_path):
+    """The bytes of a projector for the tiny model file `model_bytes` (written to a file)."""
+    from tests.inference.projectors import projector_at
+
+    def make(model_bytes: bytes, name: str = "mmproj.gguf", **options) -> bytes:
+        model = tmp_path / "served" / f"for-{name}"
+        model.parent.mkdir(parents=True, exist_ok=True)
+        model.write_bytes(model_bytes)
+        return projector_at(tmp_path / "served" / name, model, **options).read_bytes()
+
+    return make
+
+
+@pytest.mark.django_db
+def test_a_hugging_face_pull_fetches_the_repositorys_mmproj_with_the_model(
+    models_dir, registry, gguf, projector_for
+):
+    f16, q8 = projector_for(gguf, "f16.gguf", seed=1), projector_for(gguf, "q8.gguf", seed=2)
+    registry.publish_hf("someone/Tiny-VL-GGUF", {
+        "tiny.Q8_0.gguf": gguf, "mmproj-tiny-F16.gguf": f16, "mmproj-tiny-Q8_0.gguf": q8,
+    })  # fmt: skip
+
+    model, job = pull("hf.co/someone/Tiny-VL-GGUF:Q8_0")
+
+    assert model is not None, job.message
+    # llama-server's -hf choice: the projector whose quant is closest to the model's.
+    assert model.projector.sha256 == hashlib.sha256(q8).hexdigest()
+    assert model.projector.source == LLMModel.Source.PULL
+    assert model.takes_images and model.projector.file_name == "mmproj-tiny-Q8_0.gguf"
+    assert resolve("hf.co/someone/Tiny-VL-GGUF:Q8_0") == model
+    assert [row["digest"] for row in job.detail["layers"]] == [
+        f"sha256:{model.sha256}", f"sha256:{model.projector.sha256}"]  # fmt: skip
+    assert leftovers(models_dir) == []
+
+    again, job = pull("hf.co/someone/Tiny-VL-GGUF:Q8_0")  # nothing downloaded twice
+    assert again == model and again.projector == model.projector, job.message
+
+
+@pytest.mark.django_db
+def test_a_pulled_projector_made_for_another_model_is_left_out_with_the_reason(
+    models_dir, registry, gguf, projector_for
+):
+    wrong = projector_for(gguf, n_embd=128)
+    registry.publish_hf("someone/Tiny-VL-GGUF", {"tiny.Q8_0.gguf": gguf, "mmproj.gguf": wrong})
+
+    model, job = pull("hf.co/someone/Tiny-VL-GGUF:Q8_0")
+
+    assert model is not None and model.projector is None, job.message
+    assert "its vision projector mmproj.gguf is left out" in job.message
+    assert "projection width" in job.message
+    assert sorted(p.name for p in models_dir.iterdir()) == ["tiny.Q8_0.gguf"]
