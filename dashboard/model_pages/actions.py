@@ -13,12 +13,18 @@ from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_http_methods, require_POST
 
 from dashboard.model_pages import readings, views
 from dashboard.model_pages.display import flash_text
-from dashboard.model_pages.forms import DownloadForm, UploadForm
+from dashboard.model_pages.forms import (
+    DownloadForm,
+    ProjectorUploadForm,
+    UploadForm,
+    check_projector_for,
+)
 from dashboard.model_pages.uploads import ModelsDirUploadHandler
 from dashboard.model_pages.views import job_json, wants_json
 from dashboard.web.security import content_security_policy, staff_required
@@ -26,6 +32,7 @@ from inference.catalog import operations
 from inference.catalog.importing import (
     AlreadyRegistered,
     ImportRefused,
+    free_path,
     inside_models_dir,
     install_file,
     models_dir,
@@ -33,7 +40,9 @@ from inference.catalog.importing import (
     scan_report,
 )
 from inference.catalog.operations import is_packaged, set_default
-from inference.gguf import GGUFError
+from inference.catalog.projectors import register_projector
+from inference.gguf import GGUFError, read_gguf
+from inference.gguf.projector import check_projector
 from inference.jobs import plain, tasks
 from inference.jobs.dispatch import dispatch
 from inference.jobs.progress import cancel_job, dismiss_job
@@ -74,6 +83,59 @@ def upload(request: HttpRequest) -> HttpResponse:
         return _upload(request)
     finally:
         handler.cleanup()  # whatever was not moved into place (refused, invalid, cut off)
+
+
+@csrf_exempt  # as upload: the handler is set before the body is parsed; checked below
+@staff_required
+@require_POST
+def upload_projector(request: HttpRequest, name: str) -> HttpResponse:
+    """The model page's “Upload a projector”: an mmproj GGUF streamed into MODELS_DIR (as an
+    upload is), checked against the model before it is kept, registered and made the model's
+    projector; a file that fails is removed, with the reason said."""
+    model = get_object_or_404(LLMModel.objects.filter(base__isnull=True), name=name)
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > shutil.disk_usage(models_dir()).free:
+        messages.error(request, "Not enough disk space for this projector.")
+        return redirect("model-detail", name=model.name)
+    handler = ModelsDirUploadHandler(request)
+    request.upload_handlers = [handler]
+    try:
+        return _upload_projector(request, model)
+    finally:
+        handler.cleanup()
+
+
+@csrf_protect
+def _upload_projector(request: HttpRequest, model: LLMModel) -> HttpResponse:
+    form = ProjectorUploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, next(iter(form.errors.values()))[0])
+        return redirect("model-detail", name=model.name)
+    uploaded = form.cleaned_data["file"]
+    try:
+        check_projector(read_gguf(uploaded.temporary_file_path()), model.embedding_length)
+    except GGUFError as exc:
+        messages.error(request, flash_text(f"{uploaded.name} was not added: {exc}"))
+        return redirect("model-detail", name=model.name)
+    target = free_path(safe_filename(uploaded.name))
+    os.replace(uploaded.temporary_file_path(), target)  # same directory: atomic
+    try:
+        projector = register_projector(target, source=LLMModel.Source.UPLOAD,
+                                       n_embd=model.embedding_length)  # fmt: skip
+        check_projector_for(model, projector)
+    except Exception as exc:
+        target.unlink(missing_ok=True)  # no file without its record
+        messages.error(request, flash_text(f"{uploaded.name} was not added: "
+                                           f"{getattr(exc, 'message', exc)}"))  # fmt: skip
+        return redirect("model-detail", name=model.name)
+    model.projector = projector
+    found, _ = operations.estimate(model)
+    model.estimated_bytes = found.total_bytes if found else None
+    model.load_settings_changed_at = timezone.now()
+    model.save(update_fields=["projector", "estimated_bytes", "load_settings_changed_at"])
+    messages.success(request, f"{model.name} takes images now, with {projector.file_name}; it "
+                              "applies when it loads.")  # fmt: skip
+    return redirect("model-detail", name=model.name)
 
 
 @csrf_protect

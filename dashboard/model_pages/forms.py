@@ -6,6 +6,7 @@ from django import forms
 from inference.catalog.drafts import draft_problem
 from inference.catalog.fetching import validate_url
 from inference.catalog.importing import ImportRefused, check_name
+from inference.catalog.projectors import projector_problem
 from inference.catalog.pulling.names import MAX_NAME_CHARS, InvalidName
 from inference.catalog.pulling.names import parse as parse_pull_name
 from inference.catalog.specs import parse_keep_alive
@@ -20,7 +21,7 @@ from inference.engine.params import (
 )
 from inference.gguf import ChatTemplateError
 from inference.gguf.render_pool import render_chat_isolated
-from inference.models import LLMModel
+from inference.models import LLMModel, Projector
 
 MAX_CONTEXT = 131072  # when the file does not state its context length
 # What a chat template override must render: a plain alternating conversation (no system
@@ -122,10 +123,18 @@ class ModelSettingsForm(OwnSettingsForm):
         "a time; pays most on a GPU, and only where it is measured to",
     )  # fmt: skip
 
+    projector = forms.ModelChoiceField(
+        queryset=Projector.objects.all(), required=False, label="Projector",
+        empty_label="none (text only)",
+        help_text="a vision projector (mmproj) GGUF made for this model: with one it takes "
+        "images. The files registered are listed; “Upload a projector” below adds one",
+    )  # fmt: skip
+
     class Meta(OwnSettingsForm.Meta):
         fields = [
             "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-            "parallel", "speculative", "draft", "keep_alive", *OwnSettingsForm.Meta.fields,
+            "parallel", "speculative", "draft", "projector", "keep_alive",
+            *OwnSettingsForm.Meta.fields,
         ]  # fmt: skip
         labels = {
             **OwnSettingsForm.Meta.labels, "kv_type": "KV cache type",
@@ -156,6 +165,10 @@ class ModelSettingsForm(OwnSettingsForm):
                 raise forms.ValidationError(f"{draft.name} cannot draft for this model: {problem}")
         return draft
 
+    def clean_projector(self) -> Projector | None:
+        projector = self.cleaned_data["projector"]
+        return check_projector_for(self.instance, projector)
+
     def clean_keep_alive(self) -> str:
         value = self.cleaned_data["keep_alive"].strip()
         try:
@@ -175,11 +188,28 @@ class ModelSettingsForm(OwnSettingsForm):
         return data
 
 
+def check_projector_for(model: LLMModel, projector: Projector | None) -> Projector | None:
+    """`projector` for `model`'s page, or a ValidationError saying why not: it must fit the
+    model (inference.catalog.projectors), and the file may have one entry per projector."""
+    if projector is not None:
+        problem = projector_problem(model, projector)
+        if problem:
+            raise forms.ValidationError(f"{projector.file_name} cannot serve this model: "
+                                        f"{problem}")  # fmt: skip
+    same_pair = LLMModel.all_objects.filter(file_path=model.file_path, projector=projector,
+                                            base__isnull=True)  # fmt: skip
+    holder = same_pair.exclude(pk=model.pk).first()
+    if holder is not None:
+        pairing = "with this projector" if projector else "without a projector"
+        raise forms.ValidationError(f"{holder.name} is this file {pairing} already")
+    return projector
+
+
 # The settings read when the model loads (llama.cpp's context, and the runner's speculation):
 # changing one means a reload.
 LOAD_FIELDS = frozenset({
     "n_ctx", "n_gpu_layers", "n_threads", "n_batch", "n_ubatch", "kv_type", "flash_attn",
-    "parallel", "speculative", "draft",
+    "parallel", "speculative", "draft", "projector",
 })  # fmt: skip
 
 # Default sampling, one small field per parameter, each empty for "the engine's default" (shown
@@ -264,6 +294,10 @@ class UploadForm(forms.Form):
 
     def clean_name(self) -> str:
         return _free_name(self.cleaned_data["name"])
+
+
+class ProjectorUploadForm(forms.Form):
+    file = forms.FileField(help_text="a vision projector (mmproj) .gguf made for this model")
 
 
 class DownloadForm(forms.Form):

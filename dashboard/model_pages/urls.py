@@ -23,6 +23,7 @@ urlpatterns = [
     path("<slug:name>/load/", actions.load, name="model-load"),
     path("<slug:name>/unload/", actions.unload, name="model-unload"),
     path("<slug:name>/apply/", actions.apply, name="model-apply"),
+    path("<slug:name>/projector/", actions.upload_projector, name="model-projector"),
     path("<slug:name>/reload/", actions.reload, name="model-reload"),
     path("<slug:name>/forget-prompts/", actions.forget_prompts, name="model-forget-prompts"),
     path("<slug:name>/default/", actions.make_default, name="model-default"),

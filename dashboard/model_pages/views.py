@@ -79,7 +79,8 @@ def model_list(request: HttpRequest) -> HttpResponse:
 @require_http_methods(["GET", "POST"])
 @with_csp
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
-    model = get_object_or_404(LLMModel.objects.select_related("base"), name=name)
+    found = LLMModel.objects.select_related("base", "projector", "base__projector")
+    model = get_object_or_404(found, name=name)
     if request.method == "GET":
         return detail_page(request, model, settings_form(model))
     if not request.user.is_staff:
@@ -373,10 +374,21 @@ def facts(model: LLMModel) -> list[tuple[str, str]]:
         ("License", shown(model.license)),
         ("File", model.weights.file_path),
         ("File size", f"{bytes_label(model.size_bytes)} ({model.size_bytes} bytes)"),
+        ("Projector", projector_label(model)),
         ("GGUF version", shown(meta.get("gguf_version"))),
         ("Tensors", shown(meta.get("tensor_count"))),
         ("Source", model.get_source_display()),
     ]
+
+
+def projector_label(model: LLMModel) -> str:
+    """The vision projector its weights load with, or that it takes no images."""
+    projector = model.weights.projector
+    if projector is None:
+        return "none: it takes text only"
+    return (f"{projector.file_path}: {projector.projector_type}, images of "
+            f"{projector.image_size} px in {projector.patch_size} px patches, "
+            f"{bytes_label(projector.size_bytes)}, sha256 {projector.sha256 or 'not computed'}")
 
 
 @login_required
