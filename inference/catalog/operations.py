@@ -188,12 +188,19 @@ def is_packaged(model: LLMModel) -> bool:
 def unregister(model: LLMModel) -> str:
     """Remove a model from the catalog; the caller has made sure it is not loaded.
 
-    The file goes too only when it lives inside MODELS_DIR and no package owns it. A packaged
-    model is hidden instead, so the next start does not register it again. Returns what was
-    done, for the page's message.
+    The file goes too only when it lives inside MODELS_DIR, no package owns it and no other
+    entry loads it (the same file with another projector). A packaged model is hidden instead,
+    so the next start does not register it again. Its vision projector goes with it, file and
+    record, when no other entry uses it. Returns what was done, for the page's message.
     """
     was_default = model.is_default
-    if is_packaged(model):
+    projector = model.projector
+    shared = LLMModel.all_objects.filter(file_path=model.file_path, base__isnull=True,
+                                         hidden=False).exclude(pk=model.pk).first()  # fmt: skip
+    if shared is not None:
+        model.delete()
+        outcome = f"{model.name} deleted; its file stays, {shared.name} loads it"
+    elif is_packaged(model):
         model.hidden = True
         model.is_default = False
         model.save(update_fields=["hidden", "is_default"])
@@ -205,6 +212,10 @@ def unregister(model: LLMModel) -> str:
     else:
         model.delete()
         outcome = f"{model.name} unregistered; its file outside the models directory stays"
+    if projector is not None and not LLMModel.all_objects.filter(projector=projector).exists():
+        if inside_models_dir(projector.file_path):
+            Path(projector.file_path).unlink(missing_ok=True)
+        projector.delete()
     if was_default:
         heir = LLMModel.objects.first()
         if heir is not None:

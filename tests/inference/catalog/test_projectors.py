@@ -203,3 +203,32 @@ def test_with_projector_gives_a_text_only_entry_its_first_projector(models_dir, 
     model = with_projector(LLMModel.objects.get(), projector)
     assert model.name == "plain" and model.projector == projector
     assert LLMModel.objects.count() == 1
+
+
+# 4. Deleting.
+
+
+def test_deleting_one_entry_of_a_shared_file_keeps_the_file_for_the_others(
+    models_dir, tiny_file, mmproj
+):
+    from inference.catalog.operations import unregister
+
+    run(str(tiny_file), "--name", "plain")
+    run(str(tiny_file), "--mmproj", str(mmproj), "--name", "looker")
+    said = unregister(LLMModel.objects.get(name="looker"))
+    assert said == "looker deleted; its file stays, plain loads it"
+    assert tiny_file.exists()
+    # Its projector, which nothing else uses, went with it.
+    assert not mmproj.exists() and Projector.objects.count() == 0
+    assert unregister(LLMModel.objects.get(name="plain")) == "plain deleted with its file"
+    assert not tiny_file.exists()
+
+
+def test_a_projector_another_entry_uses_stays_when_one_goes(models_dir, tiny_file, mmproj):
+    from inference.catalog.operations import unregister
+
+    other = tiny_gguf(models_dir / "other.gguf")
+    run(str(tiny_file), "--mmproj", str(mmproj), "--name", "one")
+    run(str(other), "--mmproj", str(mmproj), "--name", "two")
+    unregister(LLMModel.objects.get(name="one"))
+    assert mmproj.exists() and LLMModel.objects.get(name="two").projector is not None
