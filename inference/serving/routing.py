@@ -14,9 +14,10 @@ prefix, then load):
    slot. A loaded model stays the one copy, unless all its copies are full (no free slot, and
    requests waiting in their engines) while another worker has the file and room: that worker
    loads a second copy (rule 3's choice, reason SECOND_COPY).
-3. A worker that has the file (by sha256) and room for it: announced free memory (VRAM where it
-   has a GPU, else RAM) at least the file's size; the worker's own preflight
-   (inference.planning.preflight) still checks the whole estimate when it loads. One that keeps
+3. A worker that has the file (by sha256; a vision model's projector too) and room for it:
+   announced free memory (VRAM where it has a GPU, else RAM) at least the files' size; the
+   worker's own preflight (inference.planning.preflight) still checks the whole estimate when
+   it loads. One that keeps
    the conversation's prompts first (its load restores them), then the most free memory.
 4. Else a refusal that names the model and why no worker can take it.
 
@@ -56,6 +57,7 @@ class Wanted:
     name: str
     sha256: str = ""
     conversation: str = ""  # its conversation's digest (tiers.entries), "" for none
+    mmproj_sha256: str = ""  # its vision projector's digest: a worker needs that file too
 
 
 class NoRoute(Refused, LookupError):
@@ -120,10 +122,14 @@ def _load(worker: WorkerAnnouncement, copy: LoadedModel) -> tuple:
 
 
 def _size(worker: WorkerAnnouncement, model: Wanted) -> int | None:
-    """The model's file size on this worker; None: it has no copy. Unknown digest: 0."""
+    """The model's file size on this worker (with its projector's); None: it has no copy of
+    one of them. Unknown digest: 0."""
     if not model.sha256:
         return 0
-    return next((s.size_bytes for s in worker.serves if s.sha256 == model.sha256), None)
+    sizes = {s.sha256: s.size_bytes for s in worker.serves}
+    if model.sha256 not in sizes or (model.mmproj_sha256 and model.mmproj_sha256 not in sizes):
+        return None
+    return sizes[model.sha256] + (sizes[model.mmproj_sha256] if model.mmproj_sha256 else 0)
 
 
 def _free(worker: WorkerAnnouncement) -> int:

@@ -218,7 +218,8 @@ class SplitClient:
         reply = await layer.new_channel()
         payload = {"request": request.to_wire(), "spec": spec.to_wire(), "reply": reply}
         wanted = Wanted(spec.name, spec.sha256,
-                        conversation_digest(request.cache_key) if request.cache_key else "")
+                        conversation_digest(request.cache_key) if request.cache_key else "",
+                        mmproj_sha256=spec.mmproj_sha256)  # fmt: skip
         state = _Stream(rid, "inference.generate", payload, wanted,
                         cache_key=request.cache_key)  # fmt: skip
         self._streams[rid] = state
@@ -370,7 +371,8 @@ class SplitClient:
         and return what it carries; raises _NoAnswer with the error event otherwise."""
         layer = self._layer()
         reply = await layer.new_channel()
-        state = _Stream(rid, task, {**payload, "reply": reply}, Wanted(spec.name, spec.sha256))
+        wanted = Wanted(spec.name, spec.sha256, mmproj_sha256=spec.mmproj_sha256)
+        state = _Stream(rid, task, {**payload, "reply": reply}, wanted)
         self._streams[rid] = state
         try:
             failure = await self._send(state)
@@ -510,7 +512,7 @@ class SplitClient:
         announced yet, on every worker. Raises if it could not."""
         if worker is None:
             try:
-                wanted = Wanted(spec.name, spec.sha256)
+                wanted = Wanted(spec.name, spec.sha256, mmproj_sha256=spec.mmproj_sha256)
                 worker = (await asyncio.to_thread(self.choose, wanted)).worker
             except NoRoute as exc:
                 raise WorkerError(exc.message, kind=exc.kind) from None

@@ -173,3 +173,18 @@ def test_among_workers_that_can_load_it_the_one_keeping_the_conversation_loads_i
     chosen = go(workers, model=TALKING)
     assert (chosen.worker, chosen.reason) == ("b", CAN_LOAD)
     assert go(workers).worker == "a"  # without the conversation: the most free memory
+
+
+def test_a_vision_model_goes_only_to_a_worker_with_its_projector_too():
+    vision = Wanted("smollm2-vision", SHA, mmproj_sha256=OTHER)
+    chosen = go([box("text-only", ram=64 * GB), box("both", serves=(SHA, OTHER), ram=3 * GB)],
+                vision)  # fmt: skip
+    assert (chosen.worker, chosen.reason) == ("both", CAN_LOAD)
+    with pytest.raises(NoRoute, match="no inference worker has a copy of smollm2-vision"):
+        go([box("text-only", ram=64 * GB)], vision)
+
+
+def test_a_vision_model_needs_room_for_its_projector_as_well():
+    vision = Wanted("smollm2-vision", SHA, mmproj_sha256=OTHER)
+    with pytest.raises(NoRoute, match="fits on no inference worker"):
+        go([box("tight", serves=(SHA, OTHER), ram=GB + GB // 2)], vision)
