@@ -17,8 +17,8 @@ prefix, then load):
 3. A worker that has the file (by sha256; a vision model's projector too) and room for it:
    announced free memory (VRAM where it has a GPU, else RAM) at least the files' size; the
    worker's own preflight (inference.planning.preflight) still checks the whole estimate when
-   it loads. One that keeps
-   the conversation's prompts first (its load restores them), then the most free memory.
+   it loads. One that keeps the conversation's prompts first (its load restores them), then
+   the most free memory.
 4. Else a refusal that names the model and why no worker can take it.
 
 A model without a known digest (its hash job has not run yet) cannot be found by content: any
