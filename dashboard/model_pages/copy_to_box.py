@@ -29,6 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from dashboard.model_pages.display import bytes_label
 from dashboard.web.security import staff_required
+from inference.catalog.blobs import projector_with
 from inference.models import LLMModel
 from inference.serving import copies
 from inference.serving.announcement import WorkerAnnouncement
@@ -85,9 +86,12 @@ def boxes_for(model: LLMModel) -> list[BoxView]:
     found = announcements()
     desk = get_client().copies
     statuses = desk.statuses(sha) if desk is not None and sha and found else {}
+    projector = weights.projector
     rows: list[BoxView] = []
     for box in sorted(found, key=lambda a: a.worker):
-        has_file = bool(sha) and box.serves_sha(sha)
+        # A vision model's files are two: the box has it when it has both.
+        has_file = bool(sha) and box.serves_sha(sha) and (
+            projector is None or box.serves_sha(projector.sha256))
         status = statuses.get(box.worker)
         running = status is not None and status.under_way(time.time())
         rows.append({
@@ -121,19 +125,26 @@ def start_copy(model: LLMModel, worker: str, base_url: str) -> copies.CopyStatus
     box = next((a for a in announcements() if a.worker == worker), None)
     if box is None:
         raise CopyRefused(f"no inference worker named {worker} is running")
-    if box.serves_sha(weights.sha256):
-        raise CopyRefused(f"{worker} has {model.name}'s file already")
+    # A vision model's projector travels beside its file, as a copy of its own.
+    projector = weights.projector
+    files = [(weights.sha256, weights.size_bytes, weights.file_path)]
+    if projector is not None and projector.sha256:
+        files.append((projector.sha256, projector.size_bytes, projector.file_path))
+    missing = [file for file in files if not box.serves_sha(file[0])]
+    if not missing:
+        raise CopyRefused(f"{worker} has {model.name}'s file{'s' if len(files) > 1 else ''} "
+                          "already")  # fmt: skip
     earlier = desk.statuses(weights.sha256).get(worker)
     if earlier is not None and earlier.under_way(time.time()):
         raise CopyRefused(f"a copy of {model.name} to {worker} is under way")
-    url = base_url + reverse("model-file", args=[weights.sha256])
-    job = copies.CopyJob(
-        model=model.name, sha256=weights.sha256, size_bytes=weights.size_bytes,
-        filename=os.path.basename(weights.file_path), url=url, token="",
-    )  # fmt: skip
-    status = desk.start(job, worker, message=f"waiting for {worker}")
-    log.info("%s: copying %s to %s from %s", model.name, weights.sha256[:12], worker, url)
-    return status
+    started = []
+    for sha256, size, path in missing:
+        url = base_url + reverse("model-file", args=[sha256])
+        job = copies.CopyJob(model=model.name, sha256=sha256, size_bytes=size,
+                             filename=os.path.basename(path), url=url, token="")  # fmt: skip
+        started.append(desk.start(job, worker, message=f"waiting for {worker}"))
+        log.info("%s: copying %s to %s from %s", model.name, sha256[:12], worker, url)
+    return started[0]
 
 
 @staff_required
@@ -186,11 +197,14 @@ def model_file(request: HttpRequest, sha256: str) -> HttpResponse:
          if os.path.isfile(m.file_path)),
         None,
     )  # fmt: skip
-    if model is None:
+    path = model.file_path if model is not None else None
+    if path is None and (projector := projector_with(f"sha256:{sha256}")) is not None:
+        path = projector.file_path  # a vision model's projector, copied beside it
+    if path is None:
         return JsonResponse({"error": "no model file with this sha256 on this box"}, status=404)
-    log.info("sending %s to %s", model.name, worker)
-    response = FileResponse(open(model.file_path, "rb"), content_type="application/octet-stream")
-    response["Content-Length"] = str(os.path.getsize(model.file_path))
+    log.info("sending %s to %s", os.path.basename(path), worker)
+    response = FileResponse(open(path, "rb"), content_type="application/octet-stream")
+    response["Content-Length"] = str(os.path.getsize(path))
     # Under ASGI each block crosses to a thread and back: Django's 4 KiB blocks would make a
     # 10 GB model millions of hops.
     response.block_size = FILE_BLOCK_BYTES

@@ -161,3 +161,43 @@ def test_a_copy_to_a_box_that_has_the_file_is_refused(staff, model, split):
     assert response.json()["error"] == f"{WORKER} has {model.name}'s file already"
     page = staff.get(f"/models/{model.name}/")
     assert b"has the file" in page.content and b"Copy to" not in page.content
+
+
+@pytest.fixture
+def looker(models_dir, tiny_file, model):
+    """The tiny model's file with a vision projector: an entry of its own."""
+    from inference.catalog.projectors import register_projector, with_projector
+    from tests.inference.projectors import projector_at
+
+    path = projector_at(models_dir / "mmproj.gguf", tiny_file)
+    projector = register_projector(path, source="scan", n_embd=None)
+    return with_projector(model, projector, name="looker")
+
+
+@pytest.mark.redis
+def test_a_vision_models_projector_is_copied_to_a_box_that_has_only_its_file(
+    staff, looker, split
+):
+    from inference.serving.announcement import ServedModel
+
+    announce(split, WORKER, serves=(ServedModel(looker.sha256, looker.size_bytes),))
+    response = staff.post(f"/models/{looker.name}/copy/", {"worker": WORKER},
+                          headers={"Accept": "application/json"})  # fmt: skip
+    assert response.status_code == 202
+    assert copies.statuses(split, looker.projector.sha256)[WORKER].state == "queued"
+    assert WORKER not in copies.statuses(split, looker.sha256)  # the file is there already
+    announce(split, WORKER, serves=(ServedModel(looker.sha256, looker.size_bytes),
+                                    ServedModel(looker.projector.sha256, 1)))  # fmt: skip
+    again = staff.post(f"/models/{looker.name}/copy/", {"worker": WORKER},
+                       headers={"Accept": "application/json"})  # fmt: skip
+    assert again.json()["error"] == f"{WORKER} has looker's files already"
+
+
+@pytest.mark.redis
+def test_the_projector_file_is_served_to_the_bearer_of_its_token(client, looker, split):
+    sha256 = looker.projector.sha256
+    token = copies.issue_token(split, copies.CopyGrant(sha256, WORKER))
+    response = fetch(client, looker, token, sha256=sha256)
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    assert hashlib.sha256(body).hexdigest() == sha256
