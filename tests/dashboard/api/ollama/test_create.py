@@ -197,3 +197,20 @@ def test_push_is_refused_in_ollamas_error_shape(appliance, admin):
         admin.push(TAG)
     assert refused.value.status_code == 501
     assert "not supported" in refused.value.error
+
+
+def test_files_with_a_projector_make_a_vision_model_that_show_lists(admin, variant, tmp_path):
+    from tests.inference.projector_gguf import write_projector
+
+    projector = write_projector(tmp_path / "mmproj-tinyhome.gguf", variant)
+    files = {"tinyhome.gguf": admin.create_blob(variant),
+             "mmproj-tinyhome.gguf": admin.create_blob(projector)}  # fmt: skip
+    lines = [line.status for line in admin.create(model="tinyeyes", files=files, stream=True)]
+    assert "using mmproj-tinyhome.gguf as the vision projector" in lines
+    assert lines[-1] == "success"
+    shown = admin.show("tinyeyes")
+    assert "vision" in shown.capabilities
+    assert "clip" in shown.details.families
+    assert "vision" not in (admin.show(TAG).capabilities or [])
+    assert chat(admin, "tinyeyes").done  # it answers text with its projector loaded
+    admin.delete("tinyeyes")
