@@ -3,7 +3,7 @@ as, or the default model. ("Registry", in this project, is only ever a remote mo
 /api/pull fetches from: inference.catalog.pulling.)"""
 
 from inference.catalog.pulling.names import canonical
-from inference.models import LLMModel, PulledName
+from inference.models import SERVING_RELATED, LLMModel, PulledName
 
 
 class UnknownModel(LookupError):
@@ -23,12 +23,12 @@ def resolve(name: str | None) -> LLMModel:
             raise UnknownModel("no model is registered yet")
         return model
     base = name.split(":", 1)[0] if name.endswith(":latest") else name
-    # The base and draft come along: spec_for reads them on the event loop.
+    # The base, draft and projector come along: spec_for reads them on the event loop.
     model = LLMModel.objects.for_serving().filter(name__in={name, base}).first()
     if model is None and (pulled := canonical(name)):
         # The name it was pulled as: "llama3.2" is "llama3.2:latest", as in Ollama.
         found = (
-            PulledName.objects.select_related("model__base", "model__draft", "model__base__draft")
+            PulledName.objects.select_related(*(f"model__{field}" for field in SERVING_RELATED))
             .filter(name__iexact=pulled, model__hidden=False)
             .first()
         )

@@ -232,3 +232,25 @@ def test_a_projector_another_entry_uses_stays_when_one_goes(models_dir, tiny_fil
     run(str(other), "--mmproj", str(mmproj), "--name", "two")
     unregister(LLMModel.objects.get(name="one"))
     assert mmproj.exists() and LLMModel.objects.get(name="two").projector is not None
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_model_found_by_any_name_brings_its_projector_for_the_event_loop(
+    models_dir, tiny_file, mmproj
+):
+    from asgiref.sync import sync_to_async
+
+    from inference.catalog.creating import add_name, derive
+    from inference.catalog.lookup import resolve
+
+    def make():
+        run(str(tiny_file), "--mmproj", str(mmproj), "--name", "looker")
+        looker = LLMModel.objects.get(name="looker")
+        add_name(looker, "eyes:v1")
+        derive(looker, "peeker")
+
+    await sync_to_async(make)()
+    for name in ("looker", "eyes:v1", "peeker"):
+        model = await sync_to_async(resolve)(name)
+        # On the event loop, where a query would raise: everything spec_for reads came along.
+        assert spec_for(model).config.mmproj_path == str(mmproj)
