@@ -5,7 +5,7 @@ import time
 
 from django.contrib import admin
 
-from inference.models import Job, LLMModel, RequestRecord
+from inference.models import Job, LLMModel, Projector, RequestRecord
 
 HEADER_FIELDS = (
     "file_path", "size_bytes", "sha256", "source", "architecture", "parameter_count",
@@ -54,6 +54,15 @@ class LLMModelAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="loaded")
     def loaded(self, obj: LLMModel) -> bool:
         return obj.name in loaded_names()
+
+
+@admin.register(Projector)
+class ProjectorAdmin(admin.ModelAdmin):
+    list_display = ("file_name", "projector_type", "projection_dim", "image_size", "source")
+    search_fields = ("file_path", "sha256")
+    # What the header says, checked against the models it serves: the file is the truth.
+    readonly_fields = ("file_path", "size_bytes", "sha256", "source", "projector_type",
+                       "projection_dim", "image_size", "patch_size", "metadata", "created_at")
 
 
 @admin.register(Job)

@@ -60,3 +60,15 @@ def test_conversations_are_in_the_admin(staff, admin_user):
     Conversation.objects.create(user=admin_user, title="Soup recipes")
     page = staff.get(reverse("admin:dashboard_conversation_changelist")).content.decode()
     assert "Soup recipes" in page
+
+
+def test_the_admin_lists_projectors_read_only(staff, models_dir, tiny_model):
+    from inference.catalog.projectors import register_projector
+    from tests.inference.projectors import projector_at
+
+    projector = register_projector(projector_at(models_dir / "mmproj.gguf", tiny_model.file_path),
+                                   source="scan", n_embd=None)  # fmt: skip
+    page = staff.get(reverse("admin:inference_projector_changelist")).content.decode()
+    assert "mmproj.gguf" in page and "mlp" in page
+    change = staff.get(reverse("admin:inference_projector_change", args=[projector.pk]))
+    assert change.status_code == 200
