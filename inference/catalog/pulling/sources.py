@@ -4,7 +4,8 @@ Ollama registry (the Docker registry protocol, as Ollama's server pulls):
 1. GET {registry}/v2/{namespace}/{model}/manifests/{tag} with the Docker v2 manifest media type;
    the manifest lists layers by media type, digest and size.
 2. The layer of type `application/vnd.ollama.image.model` is the GGUF, fetched by digest from
-   {registry}/v2/{namespace}/{model}/blobs/{digest} (which usually redirects to a blob host).
+   {registry}/v2/{namespace}/{model}/blobs/{digest} (which usually redirects to a blob host);
+   a `projector` layer (a vision model's mmproj, as llava's manifests have) is fetched with it.
 3. The small layers are read too, each checked against its digest: `params` (JSON sampling
    defaults), `system` (a default system prompt) and `license`. The `template` layer is a Go
    template for Ollama's own renderer, not Jinja; the GGUF's own chat template is used instead,
@@ -39,6 +40,7 @@ from inference.catalog.pulling.names import DEFAULT_TAG, PullName
 MANIFEST_ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 MEDIA = "application/vnd.ollama.image."
 MODEL_MEDIA = MEDIA + "model"
+PROJECTOR_MEDIA = MEDIA + "projector"
 SMALL_LAYERS = ("params", "system", "license")  # read and used; the rest are not needed
 REFUSED_LAYERS = {"adapter": "a LoRA adapter, which the appliance does not apply"}
 MAX_MANIFEST_BYTES = 1 << 20
@@ -134,6 +136,11 @@ def _registry_plan(name: PullName, base: str, policy: DownloadPolicy) -> Plan:
         url=f"{repo}/blobs/{model['digest']}", digest=model["digest"], size=model["size"],
         filename=f"{name.model}-{name.tag}.gguf",
     )  # fmt: skip
+    projectors = [layer for layer in layers if layer["mediaType"] == PROJECTOR_MEDIA]
+    if len(projectors) > 1:
+        raise PullError(f"the manifest of {name.display} has {len(projectors)} projector "
+                        "layers; expected one at most", status=400)  # fmt: skip
+    projector = projectors[0] if projectors else None
     small: dict[str, list[str]] = {kind: [] for kind in SMALL_LAYERS}
     read: list[tuple[str, int]] = []
     for layer in layers:
@@ -149,6 +156,9 @@ def _registry_plan(name: PullName, base: str, policy: DownloadPolicy) -> Plan:
         name=name, blob=blob, source=f"the registry at {base}", layers=tuple(read),
         params=_params(small["params"]), system="\n".join(small["system"]).strip(),
         license="\n".join(small["license"]).strip(),
+        projector=Blob(url=f"{repo}/blobs/{projector['digest']}", digest=projector["digest"],
+                       size=projector["size"], filename=f"mmproj-{name.model}-{name.tag}.gguf")
+        if projector else None,
     )  # fmt: skip
 
 

@@ -32,12 +32,15 @@ class FakeRegistry(ModelServer):
 
     def publish(self, namespace: str, model: str, tag: str, gguf: bytes, *,
                 params: dict | None = None, system: str | None = None,
-                template: str | None = None, digest: str | None = None) -> str:  # fmt: skip
+                template: str | None = None, digest: str | None = None,
+                projector: bytes | None = None) -> str:  # fmt: skip
         """A manifest for namespace/model:tag with the GGUF as its model layer (under `digest`
         when the test wants a wrong one); returns the model layer's digest."""
         repo = f"v2/{namespace}/{model}"
         layer_digest = digest or digest_of(gguf)
         layers = [self._blob(repo, "model", gguf, layer_digest)]
+        if projector is not None:  # a vision model's mmproj, as Ollama's llava manifests have
+            layers.append(self._blob(repo, "projector", projector))
         if template is not None:
             layers.append(self._blob(repo, "template", template.encode()))
         if system is not None:

@@ -350,3 +350,18 @@ def test_a_pulled_projector_made_for_another_model_is_left_out_with_the_reason(
     assert "its vision projector mmproj.gguf is left out" in job.message
     assert "projection width" in job.message
     assert sorted(p.name for p in models_dir.iterdir()) == ["tiny.Q8_0.gguf"]
+
+
+@pytest.mark.django_db
+def test_an_ollama_manifests_projector_layer_comes_with_the_model(
+    models_dir, registry, gguf, projector_for
+):
+    clip = projector_for(gguf)
+    registry.publish("library", "tinyvl", "latest", gguf, projector=clip)
+
+    model, job = pull("tinyvl")
+
+    assert model is not None and model.projector is not None, job.message
+    assert model.projector.sha256 == hashlib.sha256(clip).hexdigest()
+    assert model.projector.file_name == "mmproj-tinyvl-latest.gguf"
+    assert resolve("tinyvl").takes_images
