@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -375,7 +376,8 @@ def register_packaged_models() -> list[LLMModel]:
     for name, path in packaged_models():
         resolved = path.resolve()
         record = (
-            LLMModel.all_objects.filter(file_path=str(resolved)).first()
+            LLMModel.all_objects.filter(file_path=str(resolved), projector__isnull=True,
+                                        base__isnull=True).first()  # fmt: skip
             or LLMModel.all_objects.filter(name=name, source=LLMModel.Source.PACKAGE).first()
         )
         if record is not None and record.hidden:
@@ -563,6 +565,8 @@ def hash_model_job(job_id: int) -> str | None:
     except OSError as exc:
         progress.fail(f"cannot read {model.file_path}: {exc.strerror or exc}")
         return None
-    LLMModel.all_objects.filter(pk=model.pk, file_path=model.file_path).update(sha256=digest)
+    # Every entry of the file (one per projector) has these bytes.
+    LLMModel.all_objects.filter(file_path=model.file_path, base__isnull=True).filter(
+        Q(pk=model.pk) | Q(sha256="")).update(sha256=digest)
     progress.finish(f"sha256 {digest}")
     return digest

@@ -254,3 +254,18 @@ async def test_a_model_found_by_any_name_brings_its_projector_for_the_event_loop
         model = await sync_to_async(resolve)(name)
         # On the event loop, where a query would raise: everything spec_for reads came along.
         assert spec_for(model).config.mmproj_path == str(mmproj)
+
+
+def test_a_hash_job_hashes_every_entry_of_the_file(models_dir, tiny_file, mmproj):
+    from inference.catalog.importing import hash_model_job
+    from inference.models import Job
+
+    (looker,) = scan_report(schedule_hash)[0]  # registered unhashed, for a job
+    second = register_projector(write_projector(models_dir / "mmproj-2.gguf", tiny_file, seed=9),
+                                source="scan", n_embd=None)  # fmt: skip
+    other = with_projector(looker, second, name="other-eyes")
+    LLMModel.objects.filter(file_path=str(tiny_file)).update(sha256="")
+
+    digest = hash_model_job(Job.objects.create(kind=Job.Kind.HASH, model=looker).id)
+
+    assert {m.sha256 for m in LLMModel.objects.filter(pk__in=[looker.pk, other.pk])} == {digest}
