@@ -8,7 +8,8 @@ copied. This ASGI middleware answers before reading anything:
 - 401 for a keyed API endpoint called with a body but without a valid key (`Authorization:
   Bearer <key>` or `x-api-key: <key>`, read by dashboard.api.auth's `presented_key`, as the views
   read it);
-- 302 to the sign-in page for POST /models/upload/ without a session cookie;
+- 302 to the sign-in page for a page's file upload (POST /models/upload/, and a model page's
+  projector, /models/<name>/projector/) without a session cookie;
 - 413 for an API body over the endpoint's cap, from its Content-Length, or, for a body without
   one (chunked), as soon as the bytes counted so far pass the cap.
 
@@ -47,6 +48,7 @@ import asyncio
 import fcntl
 import hashlib
 import json
+import re
 import shutil
 import uuid
 from collections.abc import Awaitable, Callable
@@ -65,7 +67,8 @@ from dashboard.api.auth import KEY_HEADERS, key_for, policy_of, presented_key
 from dashboard.api.errors import ApiError, Dialect
 from dashboard.api.urls import ROOT_PATHS
 
-UPLOAD_PATH = "/models/upload/"
+# The pages' file uploads, which stream a file of any size into the models directory.
+UPLOAD_PATHS = re.compile(r"^/models/(upload|[-a-zA-Z0-9_]+/projector)/$")
 
 Responder = Callable[[Callable], Awaitable[None]]  # given `send`, sends a whole answer
 
@@ -148,7 +151,7 @@ class BodyGate:
             return await self.app(scope, receive, send)
         with stamped(scope) as scope:
             path = scope["path"]
-            if path == UPLOAD_PATH and scope["method"] == "POST":
+            if UPLOAD_PATHS.match(path) and scope["method"] == "POST":
                 if not _has_cookie(scope, settings.SESSION_COOKIE_NAME):
                     return await _to_login(send, path)
                 return await self.app(scope, receive, send)

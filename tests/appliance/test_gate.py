@@ -167,6 +167,16 @@ async def test_an_anonymous_upload_is_sent_to_sign_in_before_a_byte_is_read():
     assert inner.scopes == []
 
 
+async def test_an_anonymous_projector_upload_is_sent_to_sign_in_before_a_byte_is_read():
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", "/models/smollm2/projector/", {
+        "Content-Type": "multipart/form-data; boundary=x", "Content-Length": str(200 << 20),
+    }))  # fmt: skip
+    assert status_of(sent) == 302
+    assert header(sent, b"location") == b"/login/?next=/models/smollm2/projector/"
+    assert inner.scopes == []
+
+
 async def test_an_upload_with_a_session_cookie_goes_on_to_the_view():
     inner = Recorder()
 
