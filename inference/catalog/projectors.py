@@ -126,9 +126,12 @@ def with_projector(model: LLMModel, projector: Projector, *, name: str | None = 
         log.info("%s takes images now, with %s", weights.name, projector.file_name)
         return weights
     chosen = check_name(name) if name else unique_name(f"{weights.name}-vision")
-    entry = LLMModel.objects.get(pk=weights.pk)
+    # The weights' entry as the starting point (its settings), as a new record.
+    entry = LLMModel.all_objects.get(pk=weights.pk)
     entry.pk = entry.id = None
-    entry.name, entry.projector, entry.is_default = chosen, projector, False
+    entry._state.adding = True  # a new row: created_at is now
+    entry.name, entry.projector, entry.is_default, entry.hidden = chosen, projector, False, False
+    entry.last_used_at = entry.measured_bytes = entry.last_load_seconds = None
     entry.estimated_bytes = estimated_total(entry, info)
     entry.save()
     log.info("%s: %s's weights with %s", entry.name, weights.name, projector.file_name)
