@@ -76,7 +76,14 @@ RESPONSES = {
                                  "data": {"type": "array", "items": {"$ref": MODEL_REF}}}},
     "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"],
               "properties": {"id": {"type": "string"}, "object": {"const": "model"},
-                             "created": {"type": "integer"}, "owned_by": {"type": "string"}}},
+                             "created": {"type": "integer"}, "owned_by": {"type": "string"},
+                             # What it takes and gives (llama-server's shape): image for a
+                             # model with a vision projector.
+                             "architecture": {"type": "object", "properties": {
+                                 "input_modalities": {"type": "array",
+                                                      "items": {"enum": ["text", "image"]}},
+                                 "output_modalities": {"type": "array",
+                                                       "items": {"const": "text"}}}}}},
     "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"],
                    "properties": {"choices": {"type": "array", "items": _OBJECT},
                                   "usage": _OBJECT, "timings": _OBJECT}},
