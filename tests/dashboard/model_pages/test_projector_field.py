@@ -112,3 +112,9 @@ def test_only_staff_may_upload_a_projector(member_client, tiny_model):
                                   {"file": SimpleUploadedFile("m.gguf", b"GGUF")})  # fmt: skip
     assert response.status_code in (302, 403)
     assert LLMModel.objects.get().projector is None
+
+
+def test_the_models_list_marks_the_models_that_take_images(staff, tiny_model, fitting):
+    register_file(tiny_model.file_path, source="scan", name="looker", projector=fitting)
+    page = staff.get(reverse("models")).content.decode()
+    assert page.count('title="loads with a vision projector: it takes images">vision<') == 1
