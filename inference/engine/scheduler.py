@@ -64,6 +64,7 @@ from inference.engine.request import Request, Status
 from inference.engine.speculation.policy import Speculation
 from inference.engine.tiers import Hit, PromptStore, RestoreCosts
 from inference.engine.tiers.entries import as_tokens
+from inference.engine.vision import chunk_length
 
 
 class QueueFull(Refused):
@@ -371,6 +372,10 @@ class Scheduler:
         # taking more than `room` would overflow the runner's batch (n_batch).
         take = min(request.remaining_prompt, room)
         start = request.num_computed
+        if request.media:  # a run of text, then of one image, which it may not cut (vision.py)
+            take = chunk_length(request.media, start, take)
+            if not take:
+                return 0
         tokens = request.prompt_ids[start : start + take]
         completes = start + take == request.prompt_len
         plan.chunks.append(Chunk(request, tokens, start, completes))
