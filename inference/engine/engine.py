@@ -409,7 +409,8 @@ class Engine:
             "speculation": self.speculation.reading() if self.speculation is not None
             else {"enabled": False},
             # The image encoder (vision.Encoder): images encoding now, totals, its cache.
-            "vision": self._encoder.reading() if self._encoder is not None else None,
+            "vision": ({**self._encoder.reading(), "requests": len(self._preparing)}
+                       if self._encoder is not None else None),  # fmt: skip
             **self.telemetry.snapshot(now),
             "shares": self._shares_now(now),
         }
