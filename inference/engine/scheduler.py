@@ -36,6 +36,12 @@ off the step's budget like a prompt chunk's: it waits for a step it fits, beside
 stream, unless nobody reads or it has waited the loose background target. KV a slot held is
 saved before any edit drops it (`KvSave`), so the tiers learn every prefix the box has read.
 
+Images (inference.engine.vision): a request with images reaches the scheduler with its images
+encoded, each image's positions holding pseudo ids, and is scheduled like text, with one rule
+more: a prompt chunk is a run of text and then of one image, ending where that image ends (the
+runner feeds image rows as an embedding batch after the token batch), and an image the
+projector wants whole is never cut (vision.chunk_length).
+
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
 where it was. A chunk with `sample=True` wants logits for its last token: decodes, and the

@@ -282,3 +282,39 @@ def stream_while_encoding(engine, encoding, go):
     final = pictured.result(timeout=120)
     assert final.type == "done"
     stream.cancel()
+
+
+def test_a_projector_that_does_not_fit_the_model_is_a_clear_load_failure(paths, tmp_path):
+    from inference.engine.runner import LlamaRunner, LoadError
+    from inference.engine.runner_config import RunnerConfig
+
+    narrow = write_projector(tmp_path / "narrow.gguf", Path(paths[0]), n_embd=128)
+    missing = tmp_path / "missing.gguf"
+    for projector, said in ((narrow, "could not load the projector"),
+                            (missing, "projector file not found")):  # fmt: skip
+        with pytest.raises(LoadError, match=said):
+            LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=str(projector),
+                                     ctx_per_seq=256, parallel=1, n_threads=2))  # fmt: skip
+
+
+def test_an_image_the_projector_wants_whole_is_decoded_alone_with_causal_attention_off(
+    engine, runner, monkeypatch
+):
+    """The tiny projector is causal; one that is not (Gemma 3's) has its image read in one
+    llama_decode with causal attention off. Told so, the runner does that, and answers."""
+    import inference.engine.projector as projector
+
+    monkeypatch.setattr(projector.mt, "mtmd_decode_use_non_causal", lambda ctx, chunk: True)
+    decodes = []
+    real = runner._decode_embeddings
+
+    def watched(chunks, group, *, causal, keep_logits):
+        decodes.append((len(group), causal))
+        return real(chunks, group, causal=causal, keep_logits=keep_logits)
+
+    monkeypatch.setattr(runner, "_decode_embeddings", watched)
+    final, ids = answer(engine, chat("What is it, read whole?"), [image(112)])
+    assert final.type == "done" and ids
+    assert decodes == [(1, False)]
+    again, ids_again = answer(engine, chat("What is it, read whole?"), [image(112)])
+    assert ids_again == ids
