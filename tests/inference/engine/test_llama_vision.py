@@ -318,3 +318,40 @@ def test_an_image_the_projector_wants_whole_is_decoded_alone_with_causal_attenti
     assert decodes == [(1, False)]
     again, ids_again = answer(engine, chat("What is it, read whole?"), [image(112)])
     assert ids_again == ids
+
+
+def test_logprobs_of_a_decode_beside_an_image_are_its_own(paths, extra_bufts):
+    """A step runs its token batch, then its image rows as an embedding batch: a stream that
+    asked for logprobs in that step gets them from its own decode, as alone (the runner keeps
+    them before the embedding batch overwrites the logits)."""
+    from inference.engine.prefix_cache import KvTrim
+    from inference.engine.request import Request
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+    from inference.engine.scheduler import Chunk
+
+    runner = LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=paths[1], ctx_per_seq=256,
+                                      parallel=2, cache_slots=0, n_threads=2,
+                                      use_extra_bufts=extra_bufts))  # fmt: skip
+    try:
+        prompt = runner.read_images(chat("Which animal?"), (image(113),), True)
+        prompt.spans[0].embeddings = runner.encode_image(prompt, 0)
+        runner.free_media(prompt)
+        pictured = Request("pictured", prompt.ids, GREEDY, 0.0, media=prompt.spans, seq_id=1)
+        stream = Request("stream", runner.tokenize(chat("Name a colour.")),
+                         SamplingParams(temperature=0.0, max_tokens=4, logprobs=3), 0.0, seq_id=0)
+        for request in (stream, pictured):
+            runner.prepare(request)
+        n = stream.prompt_len
+        [[first]] = runner.execute([Chunk(stream, stream.prompt_ids, 0, True)])
+        [[alone]] = runner.execute([Chunk(stream, [first], n, True)])
+        expected = runner.logprobs(stream, alone)
+        runner.trim([KvTrim(0, n)])
+        text_and_image = Chunk(pictured, prompt.ids[: prompt.spans[0].end], 0, False)
+        [[beside]] = runner.execute([Chunk(stream, [first], n, True), text_and_image])
+        got = runner.logprobs(stream, beside)
+        assert beside == alone
+        assert [e.token_id for e in got.top] == [e.token_id for e in expected.top]
+        assert got.chosen.logprob == pytest.approx(expected.chosen.logprob, abs=1e-3)
+    finally:
+        runner.close()

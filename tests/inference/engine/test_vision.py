@@ -247,3 +247,29 @@ def test_drafts_never_hold_or_follow_an_images_positions(start_engine):
         media=(image(11),), request_id="looked-up")).result(timeout=10)  # fmt: skip
     assert final.type == "done" and runner.violations == []
     assert final.text.startswith(" the photo of the garden"), final.text
+
+
+def test_a_kept_prompt_with_an_image_comes_back_from_disk_after_a_restart(tmp_path):
+    from inference.engine.tiers import KvLayout, PromptStore
+    from inference.engine.tiers.disk import DiskTier
+
+    layout = KvLayout("ef" * 32, 1, 1, 256, "f16", True, -1, FakeVisionRunner.state_format)
+    prompt = "The camera by the door saw this: " + MEDIA_MARKER + " Who is it?"
+    params = SamplingParams(temperature=0, max_tokens=6)
+    figures = []
+    for question in ("", " Is the door locked?"):
+        store = PromptStore(1 << 20, DiskTier(tmp_path, layout, 1 << 30)).open()
+        runner = FakeVisionRunner(image_tokens=32, n_slots=2, n_ctx=512, per_token=0.0003)
+        engine = Engine(runner, prompts=store, itl_target=1.0).start()
+        try:
+            done = engine.submit(GenerationRequest(prompt + question, params, media=(image(12),),
+                                                   cache_key="door", cache_partition="app:1"))
+            figures.append(done.result(timeout=10).figures)  # fmt: skip
+        finally:
+            engine.shutdown(timeout=5)
+            engine.persist_prompts(10)
+        assert runner.violations == []
+    assert figures[0]["cached_tokens"] == 0
+    second = figures[1]
+    assert second["cached_by_tier"]["disk"] == second["cached_tokens"]
+    assert second["cached_tokens"] >= len("The camera by the door saw this: ") + 32
