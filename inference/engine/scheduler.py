@@ -379,7 +379,11 @@ class Scheduler:
         take = min(request.remaining_prompt, room)
         start = request.num_computed
         if request.media:  # a run of text, then of one image, which it may not cut (vision.py)
-            take = chunk_length(request.media, start, take)
+            # An image read whole that does not fit the budget stretches one step past its
+            # target: not a person's step, unless it has waited the loose background target.
+            waited = now - (request.scheduled_at or request.admitted_at or now)
+            may_exceed = not plan.interactive or waited >= self.budget.background_itl_target
+            take = chunk_length(request.media, start, take, may_exceed=may_exceed)
             if not take:
                 return 0
         tokens = request.prompt_ids[start : start + take]

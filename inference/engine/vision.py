@@ -159,13 +159,14 @@ class MediaPrompt:
     native: object = None
 
 
-def chunk_length(spans: list[ImageSpan], start: int, take: int) -> int:
+def chunk_length(spans: list[ImageSpan], start: int, take: int, *, may_exceed: bool = True) -> int:
     """How many prompt positions from `start` a step may feed, `take` at most by its budget.
 
     The runner feeds text as a token batch and then images as an embedding batch, so one
     sequence's chunk is a run of text followed by a run of one image: it ends where an image
-    ends. An image the projector wants whole is fed whole (past the budget where it begins the
-    chunk: it cannot be cut), or not at all in this step."""
+    ends. An image the projector wants whole is fed whole or not at all in this step: where it
+    begins the chunk and does not fit `take`, it goes past the budget if `may_exceed`, else it
+    waits (0)."""
     end = start + take
     for span in spans:
         if span.end <= start:
@@ -173,7 +174,7 @@ def chunk_length(spans: list[ImageSpan], start: int, take: int) -> int:
         if span.start >= end:
             break
         if span.whole:
-            if span.start > start and span.end > end:
+            if span.end > end and (span.start > start or not may_exceed):
                 return span.start - start  # the text before it now, the image in a step of its own
             return span.end - start
         return min(end, span.end) - start

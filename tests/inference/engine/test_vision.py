@@ -98,6 +98,13 @@ def test_an_image_the_projector_wants_whole_is_never_cut(start, take, expected):
     assert chunk_length(spans((10, 10), whole=True), start, take) == expected
 
 
+def test_an_image_read_whole_waits_rather_than_stretch_a_persons_step():
+    whole = spans((10, 10), whole=True)
+    assert chunk_length(whole, 10, 4, may_exceed=False) == 0
+    assert chunk_length(whole, 0, 15, may_exceed=False) == 10
+    assert chunk_length(whole, 10, 12, may_exceed=False) == 10  # it fits: it goes
+
+
 def test_the_encoder_cache_drops_the_least_recently_used_beyond_its_bound():
     import numpy as np
 
