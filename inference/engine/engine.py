@@ -223,6 +223,10 @@ class Engine:
                else list(prompt))  # fmt: skip
         if not ids:
             raise PromptTooLong("the prompt is empty")
+        if not isinstance(prompt, str) and any(is_media(token) for token in ids):
+            # Negative ids are images' positions (vision.media_ids): only the encoder makes them.
+            raise Refused("the prompt's token ids must not be negative", kind=RefusalKind.INVALID,
+                          field="prompt")  # fmt: skip
         limit = self.runner.ctx_per_seq
         if len(ids) >= limit:
             raise PromptTooLong(

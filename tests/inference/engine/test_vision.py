@@ -156,6 +156,13 @@ def test_a_text_only_model_refuses_images_naming_the_model(start_engine):
     assert refused.value.message.startswith("smollm2 does not take images")
 
 
+def test_token_ids_sent_as_a_prompt_cannot_pose_as_an_images_positions(start_engine):
+    engine = start_engine(FakeVisionRunner())
+    with pytest.raises(Refused, match="must not be negative") as refused:
+        engine.submit(GenerationRequest((104, 105, -7, -8)))
+    assert refused.value.kind == RefusalKind.INVALID
+
+
 def test_a_prompt_with_images_is_read_in_chunks_that_end_where_an_image_ends(start_engine):
     runner = FakeVisionRunner(image_tokens=24, n_batch=16)
     engine = start_engine(runner)
