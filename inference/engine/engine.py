@@ -547,11 +547,11 @@ class Engine:
                 if message[0] in ("submit", "preparing"):  # submitted but never seen by the loop
                     _, request, handle = message
                     self._handles[request.id] = handle
-                    self._fail(request, "the engine stopped", code=RefusalKind.UNAVAILABLE)
+                    self._fail(request, "the engine stopped")
                 elif message[0] in ("call", "forget"):
                     message[-1].set_exception(EngineStopped("the engine stopped"))
             for request in list(self._preparing.values()):  # the encoder's: it drops them
-                self._fail(request, "the engine stopped", code=RefusalKind.UNAVAILABLE)
+                self._fail(request, "the engine stopped")
             self._preparing.clear()
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 try:  # out of the scheduler too, or the engine would read as busy forever
