@@ -18,6 +18,9 @@ Interface (what the web app, the worker and the LAN API build on):
     engine.shutdown()                        # what idle slots keep goes into the tiers
     engine.persist_prompts(timeout=10)       # and the RAM tier to disk (runner_main does this)
 
+A request with images (GenerationRequest.media) is read first by the encoder thread, beside the
+steps (inference.engine.vision: phase "encoding"), then queued like any other.
+
 With a PromptStore (inference.engine.tiers), the engine keeps what its sequences have read
 beyond their slots: the scheduler plans the saves and restores (scheduler.py), the engine
 applies them in each step before the run, and reports where each request's cached tokens came
