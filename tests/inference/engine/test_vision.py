@@ -156,6 +156,15 @@ def test_a_text_only_model_refuses_images_naming_the_model(start_engine):
     assert refused.value.message.startswith("smollm2 does not take images")
 
 
+def test_a_projector_the_engine_cannot_feed_refuses_images_saying_why(start_engine):
+    runner = FakeVisionRunner()
+    runner.image_problem = "its projector needs M-RoPE image positions (Qwen2-VL style)"
+    engine = start_engine(runner)
+    with pytest.raises(Refused, match="qwen2-vl does not take images: .*M-RoPE") as refused:
+        engine.submit(GenerationRequest(MEDIA_MARKER + "?", media=(image(1),), model="qwen2-vl"))
+    assert refused.value.kind == RefusalKind.INVALID
+
+
 def test_token_ids_sent_as_a_prompt_cannot_pose_as_an_images_positions(start_engine):
     engine = start_engine(FakeVisionRunner())
     with pytest.raises(Refused, match="must not be negative") as refused:
