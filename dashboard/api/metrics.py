@@ -58,6 +58,12 @@ TOTALS = {
     "cached_tokens": ("appliance_cached_prompt_tokens",
                       "Prompt tokens reused from the KV prefix cache."),
     "output_tokens": ("appliance_generation_tokens", "Output tokens generated."),
+    "images_encoded": ("appliance_images_encoded", "Images run through the vision projector."),
+    "images_cached": ("appliance_images_cached",
+                      "Images whose embeddings came from the encoder cache."),
+    "encode_seconds": ("appliance_image_encode_seconds",
+                       "Seconds spent reading requests' images (decoding and encoding)."),
+    "image_tokens": ("appliance_image_tokens", "Image positions in prompts read."),
 }  # fmt: skip
 
 # engine snapshot field → (gauge name, help)

@@ -18,6 +18,9 @@ Interface (what the web app, the worker and the LAN API build on):
     engine.shutdown()                        # what idle slots keep goes into the tiers
     engine.persist_prompts(timeout=10)       # and the RAM tier to disk (runner_main does this)
 
+A request with images (GenerationRequest.media) is read first by the encoder thread, beside the
+steps (inference.engine.vision: phase "encoding"), then queued like any other.
+
 With a PromptStore (inference.engine.tiers), the engine keeps what its sequences have read
 beyond their slots: the scheduler plans the saves and restores (scheduler.py), the engine
 applies them in each step before the run, and reports where each request's cached tokens came
@@ -57,6 +60,14 @@ from inference.engine.textstream import TextStream
 from inference.engine.tiers import PromptStore, RestoreCosts
 from inference.engine.tiers.disk import DiskResult
 from inference.engine.tiers.entries import conversation_digest
+from inference.engine.vision import (
+    Encoder,
+    EncoderStopped,
+    MediaJob,
+    MediaPrompt,
+    check_pictures,
+    is_media,
+)
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +122,11 @@ class Runner(Protocol):
     def propose_drafts(self, wants: list[tuple[int, object, int]]) -> list[list[int]]: ...
     # After execute(), for a request whose params ask for logprobs: its index-th sampled token's.
     def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs: ...
+    # Images (inference.engine.vision), only where takes_images: on the encoder thread.
+    # takes_images: bool (a runner without the attribute takes none)
+    # def read_images(self, prompt: str, images, add_special: bool) -> MediaPrompt: ...
+    # def encode_image(self, prompt: MediaPrompt, index: int) -> numpy.ndarray: ...
+    # def free_media(self, prompt: MediaPrompt) -> None: ...
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -175,12 +191,19 @@ class Engine:
         self._close_on_exit = False  # shutdown timed out: the loop closes the runner as it ends
         self.started_at = time.perf_counter()
         self.last_active = self.started_at
+        # Requests whose images the encoder is reading, by id (the engine thread's: see
+        # _handle_message); the encoder, where the runner takes images.
+        self._preparing: dict[str, Request] = {}
+        self._encoder = (Encoder(runner, self._images_read, name=name)
+                         if getattr(runner, "takes_images", False) else None)  # fmt: skip
 
     # --- the caller's side (any thread) ------------------------------------------------------
 
     def start(self) -> "Engine":
         self._thread = threading.Thread(target=self._loop, name=f"engine-{self.name}", daemon=True)
         self._thread.start()
+        if self._encoder is not None:
+            self._encoder.start()
         return self
 
     def submit(
@@ -196,11 +219,17 @@ class Engine:
         accepted = asked.accepted_perf()
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
+        if asked.media:
+            return self._submit_with_images(asked, accepted, load_time, sink)
         prompt = asked.prompt
         ids = (self.runner.tokenize(prompt, asked.add_special) if isinstance(prompt, str)
                else list(prompt))  # fmt: skip
         if not ids:
             raise PromptTooLong("the prompt is empty")
+        if not isinstance(prompt, str) and any(is_media(token) for token in ids):
+            # Negative ids are images' positions (vision.media_ids): only the encoder makes them.
+            raise Refused("the prompt's token ids must not be negative", kind=RefusalKind.INVALID,
+                          field="prompt")  # fmt: skip
         limit = self.runner.ctx_per_seq
         if len(ids) >= limit:
             raise PromptTooLong(
@@ -234,6 +263,50 @@ class Engine:
             self._live.add(request.id)
             self._inbox.put(("submit", request, handle))
         return handle
+
+    def _submit_with_images(self, asked: GenerationRequest, accepted: float, load_time: float,
+                            sink: Callable[[Event], None] | None) -> RequestHandle:  # fmt: skip
+        """A request with images: refused at once where the model takes none or a picture's
+        header is unreadable or too large; otherwise queued for the encoder thread, which
+        reads its prompt and images beside the steps (vision.Encoder) and hands it to the
+        scheduler (_handle_message: "prepared"). What only the read can tell (a picture that
+        does not decode, a prompt too long with its image tokens) ends it with an error event
+        of that refusal's kind."""
+        if self._encoder is None:
+            name = asked.model or "this model"
+            raise Refused(f"{name} does not take images: it has no vision projector",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        problem = getattr(self.runner, "image_problem", None)
+        if problem:
+            raise Refused(f"{asked.model or 'this model'} does not take images: {problem}",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        check_pictures(asked.media)
+        self.runner.validate(asked.params)
+        request = Request(id=asked.request_id, prompt_ids=[], params=asked.params,
+                          accepted_at=accepted, cache_key=asked.cache_key,
+                          cache_partition=asked.cache_partition, load_time=load_time,
+                          priority=asked.priority, share=asked.share)  # fmt: skip
+        handle = RequestHandle(request.id, self.cancel, sink, set_priority=self.set_priority)
+        with self._pending_lock:
+            if self._stopping.is_set():
+                raise EngineStopped("the engine is not running")
+            if request.id in self._live:
+                raise ValueError(f"request id {request.id!r} is already in use")
+            if self._pending >= self.max_queue:
+                self.telemetry.record_outcome("rejected")
+                raise QueueFull(f"the engine is busy: {self._pending} requests are waiting")
+            self._pending += 1
+            self._live.add(request.id)
+            # The engine thread learns of it before the encoder can be done with it.
+            self._inbox.put(("preparing", request, handle))
+            self._encoder.submit(MediaJob(request, asked.prompt, asked.media, asked.add_special))
+        return handle
+
+    def _images_read(self, job: MediaJob, result: object) -> None:
+        """The encoder is done with a request's images (on its thread): to the engine thread."""
+        with self._pending_lock:
+            if not self._exited:  # else the loop's end has failed it already
+                self._inbox.put(("prepared", job.request, result))
 
     def cancel(self, request_id: str) -> None:
         self._inbox.put(("cancel", request_id))
@@ -342,6 +415,9 @@ class Engine:
             "prompt_cache": self._prompt_cache_now(),
             "speculation": self.speculation.reading() if self.speculation is not None
             else {"enabled": False},
+            # The image encoder (vision.Encoder): images encoding now, totals, its cache.
+            "vision": ({**self._encoder.reading(), "requests": len(self._preparing)}
+                       if self._encoder is not None else None),  # fmt: skip
             **self.telemetry.snapshot(now),
             "shares": self._shares_now(now),
         }
@@ -442,7 +518,20 @@ class Engine:
             if self._close_on_exit:
                 log.warning("engine %s is still in a step; it closes when the step ends", self.name)
                 return
+        if not self._stop_encoder(timeout):
+            return
         self.runner.close()
+
+    def _stop_encoder(self, timeout: float) -> bool:
+        """Let the encoder finish the image in hand and stop; False if it is still encoding
+        (then the runner is left open: closing it would free the projector under it)."""
+        if self._encoder is None:
+            return True
+        self._encoder.stop(timeout)
+        if self._encoder.alive:
+            log.warning("engine %s: the image encoder is still running; not closing", self.name)
+            return False
+        return True
 
     # --- the engine thread -------------------------------------------------------------------
 
@@ -458,12 +547,15 @@ class Engine:
             with self._pending_lock:  # after this, submit() refuses (see there)
                 self._stopping.set()
             for message in self._drain_remaining():
-                if message[0] == "submit":  # submitted but never seen by the loop
+                if message[0] in ("submit", "preparing"):  # submitted but never seen by the loop
                     _, request, handle = message
                     self._handles[request.id] = handle
                     self._fail(request, "the engine stopped")
                 elif message[0] in ("call", "forget"):
                     message[-1].set_exception(EngineStopped("the engine stopped"))
+            for request in list(self._preparing.values()):  # the encoder's: it drops them
+                self._fail(request, "the engine stopped")
+            self._preparing.clear()
             for request in list(self.scheduler.running) + list(self.scheduler.waiting):
                 try:  # out of the scheduler too, or the engine would read as busy forever
                     self.scheduler.cancel(request.id)
@@ -475,7 +567,7 @@ class Engine:
             with self._pending_lock:
                 self._exited = True
                 close = self._close_on_exit
-            if close:
+            if close and self._stop_encoder(10.0):
                 self.runner.close()
 
     def _drain_remaining(self) -> list[tuple]:
@@ -504,15 +596,21 @@ class Engine:
         if kind == "submit":
             _, request, handle = message
             self._handles[request.id] = handle
-            self._streams[request.id] = TextStream(request.params.stop)
-            try:
-                self.runner.prepare(request)
-                self.scheduler.add(request)
-            except Exception as exc:  # noqa: BLE001 - reported to the request, loop goes on
-                self._fail(request, str(exc))
-                return
-            handle.deliver(PhaseEvent(request.id, "waiting"))
+            self._enqueue(request)
+        elif kind == "preparing":  # its images are with the encoder (vision.Encoder)
+            _, request, handle = message
+            self._handles[request.id] = handle
+            self._preparing[request.id] = request
+            handle.deliver(PhaseEvent(request.id, "encoding"))
+        elif kind == "prepared":
+            self._prepared(message[1], message[2])
         elif kind == "cancel":
+            request = self._preparing.pop(message[1], None)
+            if request is not None:  # the encoder drops it (before its next image)
+                if self._encoder is not None:
+                    self._encoder.cancelled.add(request.id)
+                self._end(request, Status.CANCELLED, "cancelled")
+                return
             request = self.scheduler.cancel(message[1])
             if request is not None:
                 self._end(request, Status.CANCELLED, "cancelled")
@@ -538,6 +636,44 @@ class Engine:
                 self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
             future.set_result(dropped)
+
+    def _enqueue(self, request: Request) -> None:
+        """A request whose prompt is read, into the scheduler's queue."""
+        self._streams[request.id] = TextStream(request.params.stop)
+        try:
+            self.runner.prepare(request)
+            self.scheduler.add(request)
+        except Exception as exc:  # noqa: BLE001 - reported to the request, loop goes on
+            self._fail(request, str(exc))
+            return
+        self._deliver(request, PhaseEvent(request.id, "waiting"))
+
+    def _prepared(self, request: Request, result: object) -> None:
+        """The encoder read a request's prompt and images: a MediaPrompt with every image's
+        embeddings, or the refusal that ends it (that request only)."""
+        if self._preparing.pop(request.id, None) is None:  # cancelled meanwhile
+            if self._encoder is not None:
+                self._encoder.cancelled.discard(request.id)
+            return
+        if isinstance(result, EncoderStopped):
+            self._fail(request, "the engine stopped")
+            return
+        if not isinstance(result, MediaPrompt):
+            refused = Refused.of(result if isinstance(result, BaseException) else
+                                 RuntimeError("the images could not be read"))  # fmt: skip
+            self._fail(request, refused.message, code=refused.kind)
+            return
+        limit = self.runner.ctx_per_seq
+        if not result.ids or len(result.ids) >= limit:
+            self._fail(request, f"the prompt is {len(result.ids)} tokens with its images but the "
+                       f"context holds {limit} tokens per sequence (prompt and answer together)",
+                       code=RefusalKind.TOO_LONG)  # fmt: skip
+            return
+        request.prompt_ids = result.ids
+        request.media = result.spans
+        self.telemetry.record_images(request.encode.encoded, request.encode.cached,
+                                     request.encode.seconds, request.encode.image_tokens)
+        self._enqueue(request)
 
     def step(self) -> None:
         """One iteration: schedule → run → update."""
@@ -715,7 +851,7 @@ class Engine:
 
     def _update(self, plan: StepPlan, sampled: list[list[int]], started: float, ended: float):
         results = iter(sampled)
-        prompt_tokens = output_tokens = decode_tokens = 0
+        prompt_tokens = output_tokens = decode_tokens = image_tokens = 0
         served: dict[tuple[str | None, str], int] = {}
         speculation = self.scheduler.speculation
         for chunk in plan.chunks:
@@ -725,6 +861,8 @@ class Engine:
             request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
+                if request.media:
+                    image_tokens += sum(1 for token in chunk.tokens if is_media(token))
                 request.prefill_chunks.append((started, ended, len(chunk.tokens)))
                 self._deliver(request, self._prefill_progress(request))
             else:
@@ -743,6 +881,7 @@ class Engine:
             ended, prompt_tokens, output_tokens, len(plan.chunks), ended - started, decode_tokens,
             background_decode=plan.background_decodes, interactive=plan.interactive,
             paused=len(plan.paused), served=served, verify=plan.draft_tokens,
+            image=image_tokens, encoding=self._encoder.busy if self._encoder is not None else 0,
         )  # fmt: skip
 
     def _accept_verified(self, request: Request, chunk: Chunk, tokens: list[int]) -> None:
@@ -821,7 +960,8 @@ class Engine:
             matched = stream.matched if stream else None
             handle.deliver(DoneEvent(request.id, reason, request.text, figures, stop=matched))
 
-    def _fail(self, request: Request, message: str) -> None:
+    def _fail(self, request: Request, message: str,
+              code: RefusalKind = RefusalKind.FAILED) -> None:  # fmt: skip
         if request.status.done:
             return
         self._streams.pop(request.id, None)
@@ -841,7 +981,7 @@ class Engine:
             self._live.discard(request.id)
         handle = self._handles.pop(request.id, None)
         if handle is not None:
-            handle.deliver(ErrorEvent(request.id, message, request.figures()))
+            handle.deliver(ErrorEvent(request.id, message, request.figures(), code=code))
 
     def _deliver(self, request: Request, event) -> None:
         handle = self._handles.get(request.id)

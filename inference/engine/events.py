@@ -55,7 +55,7 @@ class TokenEvent:
 @dataclass(slots=True, frozen=True)
 class PhaseEvent:
     request_id: str
-    phase: Literal["waiting", "prefilling", "decoding"]
+    phase: Literal["encoding", "waiting", "prefilling", "decoding"]  # encoding: its images
     type: Literal["phase"] = "phase"
 
 

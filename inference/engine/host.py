@@ -400,6 +400,8 @@ class EngineHost:
                 "sha256": loaded.spec.sha256,
                 "fitted": loaded.spec.fitted,
                 "draft_model": info.get("draft_model"),
+                # Its vision projector (runner.info): None for a text-only model.
+                "vision": info.get("vision"),
             })  # fmt: skip
         return rows
 

@@ -11,6 +11,7 @@ from enum import IntEnum
 from inference.engine.params import SamplingParams
 from inference.engine.stats import distribution
 from inference.engine.tiers.entries import TIERS
+from inference.engine.vision import EncodeFigures, ImageSpan
 
 
 class Status(IntEnum):
@@ -77,6 +78,10 @@ class Request:
     first_text_at: float | None = None
     finished_at: float | None = None
     prefill_chunks: list[tuple[float, float, int]] = field(default_factory=list)
+    # Its images (inference.engine.vision): their spans in prompt_ids, with their embeddings,
+    # once the encoder has read them; None for a text prompt. And what reading them took.
+    media: list[ImageSpan] | None = None
+    encode: EncodeFigures = field(default_factory=EncodeFigures)
 
     @property
     def prompt_len(self) -> int:
@@ -105,7 +110,9 @@ class Request:
     def queue_time(self) -> float | None:
         if self.admitted_at is None:
             return None
-        return max(0.0, self.admitted_at - self.accepted_at - self.load_time)
+        # Reading its images is a phase of its own, before it queues (vision.Encoder).
+        encoding = self.encode.seconds if self.encode.ended else 0.0
+        return max(0.0, self.admitted_at - self.accepted_at - self.load_time - encoding)
 
     @property
     def prefill_time(self) -> float | None:
@@ -149,10 +156,14 @@ class Request:
         timeline: list[dict] = []
         if self.load_time:
             timeline.append({"phase": "load", "start": 0.0, "end": self.load_time})
+        encode = self.encode
+        if encode.ended:
+            timeline.append({"phase": "encode", "start": encode.started - start,
+                             "end": encode.ended - start,
+                             "tokens": encode.image_tokens})  # fmt: skip
         if self.admitted_at is not None:
-            timeline.append(
-                {"phase": "queue", "start": self.load_time, "end": self.admitted_at - start}
-            )
+            queued = max(self.load_time, encode.ended - start if encode.ended else 0.0)
+            timeline.append({"phase": "queue", "start": queued, "end": self.admitted_at - start})
         for chunk_start, chunk_end, tokens in self.prefill_chunks:
             timeline.append(
                 {
@@ -170,6 +181,13 @@ class Request:
             "queue_time": self.queue_time,
             "load_time": self.load_time,
             "prompt_tokens": self.prompt_len,
+            # The image phase: seconds reading its images (decoding the pictures, encoding the
+            # ones the cache did not have), their tokens (part of prompt_tokens), how many the
+            # projector encoded and how many came from the cache.
+            "encode_time": encode.seconds if encode.ended else None,
+            "image_tokens": encode.image_tokens,
+            "images_encoded": encode.encoded,
+            "images_cached": encode.cached,
             "cached_tokens": self.cached_tokens,
             "cached_by_tier": self.cached_by_tier,
             "restore_time": self.restore_time,

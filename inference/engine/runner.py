@@ -23,9 +23,11 @@ from inference.engine.embedding import pack
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
+from inference.engine.projector import Projector, ProjectorError, route_logs
 from inference.engine.request import Request
 from inference.engine.runner_config import KV_TYPES, RunnerConfig
 from inference.engine.scheduler import Chunk
+from inference.engine.vision import MediaPrompt, is_media
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -125,6 +127,14 @@ class LlamaRunner:
         self._special_pieces: dict[int, bytes] = {}
         self._closed = False
         self._draft = self._load_draft_model(config)
+        self._projector = None
+        self._embd_batch = None
+        self._saved_logits: dict[str, dict[int, np.ndarray]] = {}
+        try:
+            self._projector = self._load_projector(config)
+        except LoadError:
+            self._free_model()
+            raise
         self._info = self._read_info()
         # Embeddings run on a second context of the same weights, made on first use (most
         # models never embed). One input is pooled within one ubatch, so the ubatch is the
@@ -184,6 +194,59 @@ class LlamaRunner:
             log.warning("%s: %s", config.model_path, exc)
             self.draft_problem = str(exc)
             return None
+
+    def _load_projector(self, config: RunnerConfig) -> Projector | None:
+        """The vision projector, with libmtmd: a projector that does not load is the load's
+        failure (the model was asked for with it), said clearly. Its encoder gets threads of its
+        own, few on a small box: it runs beside the steps (inference.engine.vision), and the
+        streams' decodes come first. (libmtmd's CLIP graph takes no extra buffer types, so the
+        host's verdict on them has nothing to turn off there.)"""
+        if not config.mmproj_path:
+            return None
+        cores = os.cpu_count() or 1
+        threads = 1 if cores <= 4 else max(1, min(self.threads, cores) // 4)
+        use_gpu = config.n_gpu_layers != 0 and bool(ll.llama_supports_gpu_offload())
+        n_embd = int(ll.llama_model_n_embd_inp(self.model))
+        route_logs(_log_callback)
+        try:
+            projector = Projector(config.mmproj_path, self.model, n_threads=threads,
+                                  use_gpu=use_gpu, flash_attn=config.flash_attn, n_embd=n_embd,
+                                  max_whole=min(config.n_ubatch, config.n_batch))  # fmt: skip
+        except ProjectorError as exc:
+            raise LoadError(str(exc)) from exc
+        self._embd_batch = ll.llama_batch_init(self.n_batch, n_embd, 1)
+        return projector
+
+    def _free_model(self) -> None:
+        if self._draft is not None:
+            self._draft.close()
+        ll.llama_batch_free(self._batch)
+        ll.llama_free(self.ctx)
+        ll.llama_model_free(self.model)
+        self._closed = True
+
+    # --- images (on the engine's encoder thread) ------------------------------------------
+
+    @property
+    def takes_images(self) -> bool:
+        """A projector is loaded: requests may carry images (whose reading may still be
+        refused, with image_problem's reason)."""
+        return self._projector is not None
+
+    @property
+    def image_problem(self) -> str | None:
+        return self._projector.problem if self._projector is not None else None
+
+    def read_images(self, prompt: str, images: tuple, add_special: bool) -> MediaPrompt:
+        """Decode the pictures and read the prompt into text tokens and image spans
+        (vision.MediaPrompt); a picture that cannot be decoded is a Refused (invalid)."""
+        return self._projector.read(prompt, images, add_special)
+
+    def encode_image(self, prompt: MediaPrompt, index: int) -> np.ndarray:
+        return self._projector.encode(prompt, index)
+
+    def free_media(self, prompt: MediaPrompt) -> None:
+        self._projector.free(prompt)
 
     # --- text --------------------------------------------------------------------------------
 
@@ -301,7 +364,9 @@ class LlamaRunner:
             window = len(prompt_ids) if p.repeat_last_n < 0 else p.repeat_last_n
             for token in prompt_ids[-window:] if window else []:
                 # Into the penalties alone: the grammar constrains the answer, not the prompt.
-                ll.llama_sampler_accept(penalties, token)
+                # An image's positions hold no token (vision.is_media): nothing to penalise.
+                if not is_media(token):
+                    ll.llama_sampler_accept(penalties, token)
         return chain
 
     # --- the KV cache and the step -----------------------------------------------------------
@@ -364,15 +429,22 @@ class LlamaRunner:
         (or, all kept, the one after the last): each from its position's logits through the
         request's sampler chain, which accepts only the tokens kept (a grammar advances
         through those alone). The KV then holds every drafted token: the engine trims what
-        was not kept."""
+        was not kept.
+
+        A chunk of a prompt with images is a run of text and then a run of one image's
+        positions (vision.chunk_length): the text goes into the token batch, the image's rows
+        into an embedding batch decoded after it (a batch is either tokens or embeddings), so
+        the image attends to the text before it as in one batch."""
         batch = self._batch
         token, pos, n_seq, seq, logits = (
             batch.token, batch.pos, batch.n_seq_id, batch.seq_id, batch.logits)  # fmt: skip
-        total = sum(chunk.size for chunk in chunks)
+        text = {n: self._text_part(chunk) for n, chunk in enumerate(chunks)}
+        total = sum(text[n] + len(chunk.draft) for n, chunk in enumerate(chunks))
         if total > self.n_batch:  # checked before writing: the batch holds n_batch tokens
             raise ValueError(f"a step of {total} tokens exceeds n_batch {self.n_batch}")
         i = 0
         wanted: dict[int, tuple[str, int, list[int]]] = {}  # chunk -> (id, first row, draft)
+        images: list[int] = []  # chunks with image rows
         # Written in sequence-id order: with one KV stream per sequence, llama.cpp splits a
         # batch into ubatches that each take one run of consecutive, increasing sequence ids
         # in batch order (llama_batch_allocr::split_equal), and each ubatch is a graph pass of
@@ -383,7 +455,7 @@ class LlamaRunner:
             chunk = chunks[n]
             seq_id = chunk.request.seq_id
             position = chunk.start
-            for tok in (*chunk.tokens, *chunk.draft):
+            for tok in (*chunk.tokens[: text[n]], *chunk.draft):
                 token[i] = tok
                 pos[i] = position
                 n_seq[i] = 1
@@ -391,19 +463,43 @@ class LlamaRunner:
                 logits[i] = 0
                 position += 1
                 i += 1
-            if chunk.sample:
+            if text[n] < len(chunk.tokens):
+                images.append(n)
+            elif chunk.sample:
                 first = i - 1 - len(chunk.draft)  # the last token of `tokens`
                 for row in range(first, i):
                     logits[row] = 1
                 wanted[n] = (chunk.request.id, first, chunk.draft)
-        batch.n_tokens = i
-        rc = ll.llama_decode(self.ctx, batch)
-        if rc != 0:
-            raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
-        sample = ll.llama_sampler_sample
         self._sampled = {}
-        results = []
-        for n in sorted(wanted):  # in the plan's order
+        self._saved_logits = {}
+        results: dict[int, list[int]] = {}
+        if i:
+            batch.n_tokens = i
+            rc = ll.llama_decode(self.ctx, batch)
+            if rc != 0:
+                raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
+            results.update(self._sample(chunks, wanted, keep_logits=bool(images)))
+        if images:
+            results.update(self._decode_images(chunks, images))
+        return [results[n] for n in sorted(results)]  # in the plan's order
+
+    @staticmethod
+    def _text_part(chunk: Chunk) -> int:
+        """How many of the chunk's tokens are text before its image rows (all, without any)."""
+        if chunk.request.media is None:
+            return len(chunk.tokens)
+        for n, tok in enumerate(chunk.tokens):
+            if is_media(tok):
+                return n
+        return len(chunk.tokens)
+
+    def _sample(self, chunks: list[Chunk], wanted: dict, *, keep_logits: bool = False) -> dict:
+        """Each wanted chunk's tokens from the last decode's logits (see execute). With
+        `keep_logits`, another decode follows in this step: the rows a request will read its
+        logprobs from are copied first."""
+        sample = ll.llama_sampler_sample
+        results = {}
+        for n in sorted(wanted):
             rid, row, draft = wanted[n]
             chain = self._samplers[rid]
             rows, tokens = [], []
@@ -414,8 +510,82 @@ class LlamaRunner:
                     break
                 row += 1
             self._sampled[rid] = rows
-            results.append(tokens)
+            if keep_logits and chunks[n].request.params.logprobs is not None:
+                self._saved_logits[rid] = {
+                    r: np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, r),
+                                             shape=(self.n_vocab,)).copy()
+                    for r in rows
+                }  # fmt: skip
+            results[n] = tokens
         return results
+
+    def _decode_images(self, chunks: list[Chunk], images: list[int]) -> dict:
+        """The image rows of a step's chunks, from their embeddings, after its token batch:
+        together in one embedding batch, except an image the projector wants whole (causal
+        attention off), which goes alone. Returns the tokens of chunks that end a prompt on an
+        image and sample."""
+        together = [n for n in images if not self._span_at(chunks[n]).whole]
+        groups = [together] if together else []
+        groups += [[n] for n in images if self._span_at(chunks[n]).whole]
+        results = {}
+        for n, group in enumerate(groups):
+            whole = len(group) == 1 and self._span_at(chunks[group[0]]).whole
+            results.update(self._decode_embeddings(chunks, group, causal=not whole,
+                                                   keep_logits=n < len(groups) - 1))
+        return results
+
+    @staticmethod
+    def _span_at(chunk: Chunk):
+        """The image span the chunk's image rows belong to (they end at its end at most)."""
+        last = chunk.start + len(chunk.tokens) - 1
+        for span in chunk.request.media:
+            if span.start <= last < span.end:
+                return span
+        raise ValueError("a chunk's image rows lie outside its images")
+
+    def _decode_embeddings(self, chunks: list[Chunk], group: list[int], *, causal: bool,
+                           keep_logits: bool) -> dict:  # fmt: skip
+        batch = self._embd_batch
+        if batch is None:
+            raise RuntimeError("image rows reached a runner without a projector")
+        n_embd = self._projector.n_embd
+        rows = sum(len(chunks[n].tokens) - self._text_part(chunks[n]) for n in group)
+        limit = self.n_batch if causal else self._projector.max_whole
+        if rows > limit:
+            raise ValueError(f"{rows} image rows exceed the batch of {limit}")
+        base = ctypes.addressof(batch.embd.contents)
+        i = 0
+        wanted = {}
+        for n in sorted(group, key=lambda n: chunks[n].request.seq_id):
+            chunk = chunks[n]
+            span = self._span_at(chunk)
+            first = chunk.start + self._text_part(chunk)
+            last = chunk.start + len(chunk.tokens)
+            block = np.ascontiguousarray(span.embeddings[first - span.start : last - span.start],
+                                         dtype=np.float32)  # fmt: skip
+            if block.shape != (last - first, n_embd):
+                raise ValueError("an image's embeddings do not match its span")
+            ctypes.memmove(base + i * n_embd * 4, block.ctypes.data, block.nbytes)
+            for position in range(first, last):
+                batch.pos[i] = position
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = chunk.request.seq_id
+                batch.logits[i] = 0
+                i += 1
+            if chunk.sample:
+                batch.logits[i - 1] = 1
+                wanted[n] = (chunk.request.id, i - 1, [])
+        batch.n_tokens = i
+        if not causal:
+            ll.llama_set_causal_attn(self.ctx, False)
+        try:
+            rc = ll.llama_decode(self.ctx, batch)
+        finally:
+            if not causal:
+                ll.llama_set_causal_attn(self.ctx, True)
+        if rc != 0:
+            raise RuntimeError(DECODE_ERRORS.get(rc, f"llama_decode returned {rc}"))
+        return self._sample(chunks, wanted, keep_logits=keep_logits)
 
     def logprobs(self, request: Request, token: int, index: int = 0) -> StepLogprobs:
         """`token`'s log-probability at the step execute() just ran for `request` (the
@@ -429,11 +599,16 @@ class LlamaRunner:
         float64), as Ollama reports it. Penalties, a grammar's mask and the top-k/top-p/min-p
         cuts are left out: they say what may be drawn, not how likely the model found it."""
         row = self._sampled[request.id][index]
-        pointer = ll.llama_get_logits_ith(self.ctx, row)
-        if not pointer:
-            raise RuntimeError("llama.cpp kept no logits for this step")
+        saved = self._saved_logits.get(request.id)  # a later decode of the step overwrote them
+        if saved is not None:
+            values = saved[row]
+        else:
+            pointer = ll.llama_get_logits_ith(self.ctx, row)
+            if not pointer:
+                raise RuntimeError("llama.cpp kept no logits for this step")
+            values = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,))
         params = request.params
-        scaled = np.ctypeslib.as_array(pointer, shape=(self.n_vocab,)).astype(np.float64)
+        scaled = values.astype(np.float64)
         if not params.greedy:
             scaled /= params.temperature
         peak = scaled.max()
@@ -650,6 +825,9 @@ class LlamaRunner:
             "gpu_layers": self._allocated["gpu_layers"],
             "layers": self._allocated["layers"],
             "draft_model": self._draft_info(),
+            # The vision projector (inference.engine.vision): None for a text-only model;
+            # image_tokens per image where it is fixed (None where it follows the picture).
+            "vision": self._projector.info() if self._projector is not None else None,
         }
 
     def _draft_info(self) -> dict | None:
@@ -670,6 +848,9 @@ class LlamaRunner:
         ll.llama_batch_free(self._batch)
         if self._draft is not None:
             self._draft.close()
+        if self._projector is not None:
+            self._projector.close()
+            ll.llama_batch_free(self._embd_batch)
         if self._embed_ctx is not None:
             ll.llama_batch_free(self._embed_batch)
             ll.llama_free(self._embed_ctx)

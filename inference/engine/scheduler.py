@@ -36,6 +36,12 @@ off the step's budget like a prompt chunk's: it waits for a step it fits, beside
 stream, unless nobody reads or it has waited the loose background target. KV a slot held is
 saved before any edit drops it (`KvSave`), so the tiers learn every prefix the box has read.
 
+Images (inference.engine.vision): a request with images reaches the scheduler with its images
+encoded, each image's positions holding pseudo ids, and is scheduled like text, with one rule
+more: a prompt chunk is a run of text and then of one image, ending where that image ends (the
+runner feeds image rows as an embedding batch after the token batch), and an image the
+projector wants whole is never cut (vision.chunk_length).
+
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
 where it was. A chunk with `sample=True` wants logits for its last token: decodes, and the
@@ -64,6 +70,7 @@ from inference.engine.request import Request, Status
 from inference.engine.speculation.policy import Speculation
 from inference.engine.tiers import Hit, PromptStore, RestoreCosts
 from inference.engine.tiers.entries import as_tokens
+from inference.engine.vision import chunk_length
 
 
 class QueueFull(Refused):
@@ -371,6 +378,14 @@ class Scheduler:
         # taking more than `room` would overflow the runner's batch (n_batch).
         take = min(request.remaining_prompt, room)
         start = request.num_computed
+        if request.media:  # a run of text, then of one image, which it may not cut (vision.py)
+            # An image read whole that does not fit the budget stretches one step past its
+            # target: not a person's step, unless it has waited the loose background target.
+            waited = now - (request.scheduled_at or request.admitted_at or now)
+            may_exceed = not plan.interactive or waited >= self.budget.background_itl_target
+            take = chunk_length(request.media, start, take, may_exceed=may_exceed)
+            if not take:
+                return 0
         tokens = request.prompt_ids[start : start + take]
         completes = start + take == request.prompt_len
         plan.chunks.append(Chunk(request, tokens, start, completes))

@@ -83,7 +83,9 @@ class Telemetry:
         self._recent_steps: deque[tuple] = deque(maxlen=STEPS_KEPT)
         # (time, {(share, priority): tokens served in that step}), over the window
         self._served: deque[tuple[float, dict]] = deque()
-        self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0}
+        self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0,
+                       "images_encoded": 0, "images_cached": 0, "encode_seconds": 0.0,
+                       "image_tokens": 0}  # fmt: skip
         self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
         # Warm memory since load: admissions by where their cached tokens came from ("miss":
         # none), those tokens by tier, the seconds restoring took and the reading they saved.
@@ -105,15 +107,20 @@ class Telemetry:
         paused: int = 0,
         served: dict | None = None,
         verify: int = 0,
+        image: int = 0,
+        encoding: int = 0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
         tokens ran (`background_decode` of them background streams', `verify` of them drafted
         tokens being verified), `output` tokens were sampled (decodes, kept drafts and prompts
-        that completed); `served`: tokens per (share, priority)."""
+        that completed); `served`: tokens per (share, priority); `image`: of the prompt tokens,
+        image positions fed from embeddings; `encoding`: images the encoder thread was
+        encoding when the step ended (it runs beside the steps: inference.engine.vision)."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
             self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
-                                       interactive, paused, verify, output))  # fmt: skip
+                                       interactive, paused, verify, output, image,
+                                       encoding))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -124,6 +131,14 @@ class Telemetry:
                 self._steps.popleft()
             while self._served and self._served[0][0] < horizon:
                 self._served.popleft()
+
+    def record_images(self, encoded: int, cached: int, seconds: float, tokens: int) -> None:
+        """A request's images were read (vision.Encoder): `encoded` through the projector,
+        `cached` from the encoder cache, in `seconds`, giving `tokens` image positions."""
+        with self._lock:
+            for name, value in (("images_encoded", encoded), ("images_cached", cached),
+                                ("encode_seconds", seconds), ("image_tokens", tokens)):  # fmt: skip
+                self.totals[name] += value
 
     def record_token_gap(
         self, seconds: float, at: float | None = None, priority: str = "interactive"
@@ -240,5 +255,7 @@ class Telemetry:
                 "paused": [s[7] for s in recent],
                 "verify": [s[8] for s in recent],  # drafted tokens verified (speculation)
                 "output": [s[9] for s in recent],
+                "image": [s[10] for s in recent],  # of the prompt tokens, image positions
+                "encoding": [s[11] for s in recent],  # images being encoded beside the step
             },
         }

@@ -93,7 +93,7 @@ class Speculation:
 
     def start(self, request) -> None:
         capacity = request.prompt_len + request.max_new_tokens + self.max_draft + 1
-        request.speculation = Stream(TokenHistory(request.prompt_ids, capacity))
+        request.speculation = Stream(TokenHistory(text_after_images(request.prompt_ids), capacity))
 
     def proposal(self, request, limit: int) -> list[int]:
         """1. What the stream would draft now, at most `limit` tokens."""
@@ -185,7 +185,7 @@ class Speculation:
         stream: Stream = request.speculation
         if stream is None or not request.output_ids:
             return
-        context = request.prompt_ids[-3:] + request.output_ids
+        context = text_after_images(request.prompt_ids[-3:]) + request.output_ids
         self.table.learn(request.cache_partition, context)
         request.speculation = None
 
@@ -245,6 +245,16 @@ class Speculation:
                 "model_drafts": self.model_drafts,
                 "model_seconds": round(self.model_seconds, 4),
                 "table_contexts": self.table.contexts}  # fmt: skip
+
+
+def text_after_images(ids: list[int]) -> list[int]:
+    """The prompt's tokens after its last image: an image's positions hold pseudo ids
+    (inference.engine.vision), which no draft may come from or hold, and which the draft
+    model, whose history this is too, must never be fed."""
+    for n in range(len(ids) - 1, -1, -1):
+        if ids[n] < 0:
+            return ids[n + 1 :]
+    return ids
 
 
 def _kept(draft: list[int], tokens: list[int]) -> int:

@@ -19,13 +19,18 @@ import threading
 import time
 from collections import defaultdict
 
+import numpy as np
+
 from inference.engine.engine import Engine
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.generation import GenerationRequest
+from inference.engine.media import MEDIA_MARKER
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
+from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request
 from inference.engine.scheduler import Chunk
+from inference.engine.vision import ImageSpan, MediaPrompt, image_key, media_ids
 
 EOG = 0
 BYTE_BASE = 0x110000  # past the last code point: token BYTE_BASE + b is the raw byte b
@@ -327,3 +332,70 @@ def engines_on(runner_factory, **engine_kwargs):
         return Engine(runner_factory(spec.config), name=spec.name, **engine_kwargs).start()
 
     return start
+
+
+class FakeVisionRunner(FakeRunner):
+    """The fake with a vision projector: an image is `image_tokens` positions whose pseudo ids
+    come from inference.engine.vision as the real runner's do, and whose embeddings are rows
+    naming the image. It checks what the real runner needs of a step: a chunk is a run of text
+    and then of one image, ending where that image ends at the latest; an image the projector
+    wants `whole` is never cut; no draft holds a pseudo id."""
+
+    takes_images = True
+    image_problem = None
+
+    def __init__(self, *, image_tokens: int = 8, whole: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.image_tokens = image_tokens
+        self.whole = whole
+        self.encoded: list[str] = []  # image digests, one per encode
+        self.encode_gate: threading.Event | None = None  # when set up, encodes wait for it
+        self.encoding = threading.Event()  # set once an encode has begun
+        self.undecodable: set[str] = set()  # digests whose picture does not decode
+
+    def read_images(self, prompt: str, images, add_special: bool):
+        ids, spans = [], []
+        for n, part in enumerate(prompt.split(MEDIA_MARKER)):
+            ids += char_tokens(part)
+            if n < len(images):
+                if images[n].digest in self.undecodable:
+                    raise Refused("the image could not be decoded", kind=RefusalKind.INVALID,
+                                  field="images")  # fmt: skip
+                key = image_key("fake projector", images[n].digest)
+                spans.append(ImageSpan(len(ids), self.image_tokens, key, images[n].digest,
+                                       self.whole))  # fmt: skip
+                ids += media_ids(key, self.image_tokens)
+        return MediaPrompt(ids, spans)
+
+    def encode_image(self, prompt, index: int):
+        self.encoding.set()
+        if self.encode_gate is not None:
+            self.encode_gate.wait(10)
+        span = prompt.spans[index]
+        self.encoded.append(span.digest)
+        return np.full((span.n_tokens, 4), index, dtype=np.float32)
+
+    def free_media(self, prompt) -> None:
+        pass
+
+    def execute(self, chunks: list[Chunk]) -> list[list[int]]:
+        for chunk in chunks:
+            if any(token < 0 for token in chunk.draft):
+                self._violation(f"{chunk.request.id}: a draft holds an image's pseudo id")
+            if chunk.request.media:
+                self._check_image_rows(chunk)
+        return super().execute(chunks)
+
+    def _check_image_rows(self, chunk: Chunk) -> None:
+        tokens = chunk.tokens
+        first = next((n for n, token in enumerate(tokens) if token < 0), len(tokens))
+        if first == len(tokens):
+            return
+        if any(token >= 0 for token in tokens[first:]):
+            self._violation(f"{chunk.request.id}: text follows an image in one chunk")
+        begin, end = chunk.start + first, chunk.start + len(tokens)
+        span = next((s for s in chunk.request.media if s.start <= begin < s.end), None)
+        if span is None or end > span.end:
+            self._violation(f"{chunk.request.id}: image rows {begin}-{end} cross an image's end")
+        if span.whole and (end != span.end or begin > max(span.start, chunk.request.cached_tokens)):
+            self._violation(f"{chunk.request.id}: a whole image was cut ({begin}-{end})")

