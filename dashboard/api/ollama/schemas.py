@@ -29,8 +29,10 @@ from dashboard.api.bodies import (
     total_chars,
 )
 from dashboard.api.embedding import Dimensions, EmbedText, TextList
+from dashboard.api.images import Base64Image, ollama_parts
 from dashboard.api.pipeline import Ask
 from inference.catalog.specs import parse_keep_alive
+from inference.engine.generation import MAX_IMAGES
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from inference.text.structured import check_schema
 from inference.text.thinking import LEVELS, Level
@@ -54,9 +56,8 @@ Think = Annotated[
     bool | Level | None,
     BeforeValidator(lambda v: _think(v), json_schema_input_type=bool | Level | None),
 ]  # whether the model may think first; a model without a thinking mode refuses true (prompts.py)
-Images = Annotated[
-    list[str] | None, refuse_if(bool, "images are not supported: this model takes text only")
-]
+# Base64 pictures, placed as Ollama places them (dashboard.api.images.ollama_parts).
+Images = Annotated[list[Base64Image], Field(max_length=MAX_IMAGES)]
 
 
 def _format(value: Any) -> Any:
@@ -127,7 +128,7 @@ class OllamaToolCall(Strict):
 class OllamaMessage(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: Content = ""
-    images: Images = None
+    images: Images | None = None
     tool_calls: Annotated[list[OllamaToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_name: Annotated[str, Field(max_length=64)] | None = None
     thinking: Content | None = None  # an earlier answer's; templates read reasoning_content
@@ -196,12 +197,17 @@ class OllamaChatRequest(OllamaGenerationBase):
         return not self.messages
 
     def chat_messages(self) -> list[dict]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        """The messages as the answer pipeline reads them: a message's images among its
+        content's parts, where Ollama puts them."""
+        return [{**m.model_dump(exclude_none=True, exclude={"images", "content"}),
+                 "content": ollama_parts(m.content, m.images or [])}
+                for m in self.messages]  # fmt: skip
 
     def ask(self) -> Ask:
         ask = super().ask()
         ask.messages = self.chat_messages()
         ask.tools = self.active_tools
+        ask.images_param = "images"
         return ask
 
 
@@ -220,7 +226,7 @@ class OllamaGenerateRequest(OllamaGenerationBase):
         list[int] | None, refuse_if(bool, "context is not supported: send the conversation "
                                     "to /api/chat instead")
     ] = None  # fmt: skip
-    images: Images = None
+    images: Images | None = None
 
     @property
     def loads_only(self) -> bool:
@@ -228,13 +234,17 @@ class OllamaGenerateRequest(OllamaGenerationBase):
         return not self.prompt
 
     def ask(self) -> Ask:
+        """The prompt as a user message (raw: sent as is), its images placed in it as in a
+        chat message, as Ollama's generate does."""
         ask = super().ask()
+        content = ollama_parts(self.prompt, self.images or [])
         if self.raw:
-            ask.prompt = self.prompt
+            ask.prompt = content
         else:
-            ask.messages = [{"role": "user", "content": self.prompt}]
+            ask.messages = [{"role": "user", "content": content}]
             if self.system:
                 ask.messages.insert(0, {"role": "system", "content": self.system})
+        ask.images_param = "images"
         return ask
 
 
