@@ -38,7 +38,10 @@ BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted
 
 
 def _known_blocks(value: Any) -> Any:
-    """A clear 400 for a block this engine cannot take (document, search_result, ...)."""
+    """A string as one text block (so that an error inside a block is reported as the block's,
+    not as the string's); a clear 400 for a block this engine cannot take (document, ...)."""
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
     if isinstance(value, list):
         for block in value:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
@@ -126,13 +129,11 @@ Blocks = Annotated[list[Block], Field(max_length=MAX_MESSAGES)]
 class AnthropicMessage(Strict):
     role: Literal["user", "assistant"]
     content: Annotated[
-        Content | Blocks, BeforeValidator(_known_blocks, json_schema_input_type=Content | Blocks)
+        Blocks, BeforeValidator(_known_blocks, json_schema_input_type=Content | Blocks)
     ]
 
     @property
     def blocks(self) -> list:
-        if isinstance(self.content, str):
-            return [TextBlock(type="text", text=self.content)]
         return list(self.content)
 
     @property
