@@ -79,7 +79,7 @@ def _arguments(value):
 
 def template_message(message: dict) -> dict:
     """A message (OpenAI's shape, with Ollama's names too) as chat templates read it (Hugging
-    Face conventions)."""
+    Face conventions); a content of parts with images is joined by prompting.prompt_for."""
     role = "system" if message["role"] == "developer" else message["role"]
     out = {"role": role, "content": message.get("content") or ""}
     if message.get("tool_calls"):

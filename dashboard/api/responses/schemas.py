@@ -6,9 +6,9 @@ The endpoint is stateless, as Ollama's and llama-server's are: nothing is stored
 accepted and answered with `store: false`: the response says that it was not kept.
 
 `input` (a string, or message, reasoning, function_call and function_call_output items) becomes
-the chat messages that chat completions takes (`chat_messages()`), so both go through the same
-answer pipeline (`ask()`: dashboard.api.pipeline) with the same tools, thinking and grammars
-(dashboard.api.rules).
+the chat messages that chat completions takes (`chat_messages()`; a message's input_image parts
+its images, dashboard.api.images), so both go through the same answer pipeline (`ask()`:
+dashboard.api.pipeline) with the same tools, thinking and grammars (dashboard.api.rules).
 """
 
 from typing import Annotated, Any, Literal
