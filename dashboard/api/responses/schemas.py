@@ -313,6 +313,7 @@ class ResponsesRequest(Strict):
             model=self.model, messages=self.chat_messages(), tools=self.active_tools,
             parallel_tool_calls=self.parallel_tool_calls is not False, think=self.think,
             think_param="reasoning", sampling=self.sampling(), priority=self.priority,
+            images_param="input",
         )  # fmt: skip
 
     def chat_messages(self) -> list[dict]:
