@@ -95,6 +95,32 @@ def ollama_parts(content: str, images: Sequence[Image]) -> Content:
     return _merge_text(parts)
 
 
+_TAG = re.compile(r"\[img-(\d+)\]")
+
+
+def ollama_raw_parts(prompt: str, images: Sequence[Image]) -> Content:
+    """A raw prompt's images (Ollama's generate with raw: true). Ollama's runner reads only its
+    own tags in a raw prompt, `[img-N]` for the N-th image, and drops an image no tag names;
+    here the tags place the images the same way, and an image no tag names is a 400 rather
+    than lost. A raw prompt without tags places its images as a message does (ollama_parts)."""
+    if not images or not _TAG.search(prompt):
+        return ollama_parts(prompt, images)
+    parts: list[str | Image] = []
+    named, at = set(), 0
+    for tag in _TAG.finditer(prompt):
+        index = int(tag.group(1))
+        if index >= len(images):
+            raise ValueError(f"the prompt's [img-{index}] names no image: {len(images)} sent")
+        parts += [prompt[at : tag.start()], images[index]]
+        named.add(index)
+        at = tag.end()
+    parts.append(prompt[at:])
+    if len(named) < len(images):
+        left = ", ".join(str(i) for i in range(len(images)) if i not in named)
+        raise ValueError(f"the prompt names its images with [img-N] tags but not image {left}")
+    return _merge_text([part for part in parts if part != ""])
+
+
 def _merge_text(parts: list[str | Image]) -> list[str | Image]:
     """Adjacent text pieces as one (join_parts would put a newline between them)."""
     merged: list[str | Image] = []

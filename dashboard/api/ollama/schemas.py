@@ -4,7 +4,15 @@ pipeline's terms (`ask()`: dashboard.api.pipeline.Ask)."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dashboard.api import rules
 from dashboard.api.bodies import (
@@ -29,7 +37,7 @@ from dashboard.api.bodies import (
     total_chars,
 )
 from dashboard.api.embedding import Dimensions, EmbedText, TextList
-from dashboard.api.images import Base64Image, ollama_parts
+from dashboard.api.images import Base64Image, ollama_parts, ollama_raw_parts
 from dashboard.api.pipeline import Ask
 from inference.catalog.specs import parse_keep_alive
 from inference.engine.generation import MAX_IMAGES
@@ -228,16 +236,27 @@ class OllamaGenerateRequest(OllamaGenerationBase):
     ] = None  # fmt: skip
     images: Images | None = None
 
+    _content: str | list = PrivateAttr(default="")  # the prompt, or its parts with images
+
+    @model_validator(mode="after")
+    def _place_images(self) -> "OllamaGenerateRequest":
+        """The images placed in the prompt as in a chat message, as Ollama's generate does, or,
+        raw, where its [img-N] tags say (dashboard.api.images: a 400 for a tag naming no
+        image, or an image no tag names)."""
+        images = self.images or []
+        place = ollama_raw_parts if self.raw else ollama_parts
+        self._content = place(self.prompt, images)
+        return self
+
     @property
     def loads_only(self) -> bool:
         """An empty prompt only loads (or, with keep_alive 0, unloads) the model."""
         return not self.prompt
 
     def ask(self) -> Ask:
-        """The prompt as a user message (raw: sent as is), its images placed in it as in a
-        chat message, as Ollama's generate does."""
+        """The prompt as a user message (raw: sent as is), with its images."""
         ask = super().ask()
-        content = ollama_parts(self.prompt, self.images or [])
+        content = self._content
         if self.raw:
             ask.prompt = content
         else:

@@ -10,6 +10,7 @@ out, so what is tested is the parsing and the rendering, not the answers."""
 
 import base64
 import dataclasses
+import re
 
 import anthropic
 import httpx
@@ -162,6 +163,18 @@ async def test_openai_image_url_parts_enter_where_they_are_sent(vision, recordin
     assert kinds(recording.last) == ["jpeg", "gif"]
 
 
+async def test_apply_template_shows_where_the_images_go(vision, app, raw_key):
+    body = {"model": vision.name, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": data_url(PNG)}}]}]}  # fmt: skip
+    async with transport(app) as client:
+        response = await client.post("http://testserver/apply-template", json=body,
+                                     headers={"Authorization": f"Bearer {raw_key}"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert response.json()["prompt"] == await prompt_of(
+        vision, [{"role": "user", "content": f"What is this?{M}"}])
+
+
 async def test_the_images_of_a_conversation_are_its_media_in_marker_order(vision, recording, oai):
     def image(data):
         return {"type": "image_url", "image_url": {"url": data_url(data)}}
@@ -210,9 +223,15 @@ async def test_ollama_generate_places_its_images_as_chat_does(vision, recording,
     assert recording.last.prompt == await prompt_of(
         vision, [{"role": "user", "content": f"{M}Describe the image."}])
     assert kinds(recording.last) == ["png"]
-    await olla.generate(model=vision.name, prompt="<image>[img] caption:", images=[PNG],
-                        raw=True)  # fmt: skip
-    assert recording.last.prompt == f"<image>{M} caption:"
+    # Raw, Ollama's own tags say where each image goes: [img-N] for the N-th.
+    await olla.generate(model=vision.name, prompt="A: [img-1] B: [img-0] Same?",
+                        images=[PNG, BMP], raw=True)  # fmt: skip
+    assert recording.last.prompt == f"A: {M} B: {M} Same?"
+    assert kinds(recording.last) == ["bmp", "png"]
+    for images, named in (([PNG], "[img-1] names no image"), ([PNG, BMP, GIF], "image 2")):
+        with pytest.raises(ollama.ResponseError, match=re.escape(named)):
+            await olla.generate(model=vision.name, prompt="[img-0] [img-1]", images=images,
+                                raw=True)  # fmt: skip
 
 
 async def test_frigates_img_placeholders_take_the_images_in_order(vision, recording, olla):
