@@ -3,15 +3,17 @@ the parsing that turns a body into a model or a 400 naming the field.
 
 Nothing reaches the engine unchecked: a negative, absurd or mistyped value is a 400 that names
 the field. Models are strict (no "0.7" for a number, no true for 1) and ignore unknown fields,
-as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (images,
-several choices, a JSON schema keyword its grammar cannot enforce) is refused rather than
-silently ignored. The bodies themselves are each dialect's schemas (openai/, responses/,
-anthropic/, ollama/); what they mean in common is dashboard.api.rules.
+as OpenAI and Ollama clients add fields over time. What the engine cannot honestly do (several
+choices, a JSON schema keyword its grammar cannot enforce, an image URL to fetch) is refused
+rather than silently ignored. Images are read with the body (dashboard.api.images). The bodies
+themselves are each dialect's schemas (openai/, responses/, anthropic/, ollama/); what they
+mean in common is dashboard.api.rules.
 """
 
 import json
 from typing import Annotated, Any, Literal, TypeVar
 
+from django.conf import settings
 from django.http import HttpRequest, RawPostDataException
 from django.http.request import RequestDataTooBig
 from pydantic import (
@@ -24,7 +26,9 @@ from pydantic import (
     ValidationInfo,
 )
 
+from dashboard.api.auth import policy_of
 from dashboard.api.errors import ApiError
+from dashboard.api.images import Parts, image_from_url, text_chars
 from inference.engine.params import (
     MAX_GRAMMAR_CHARS,
     MAX_STOP_LENGTH,
@@ -61,19 +65,31 @@ def one_or_many(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
-def text_parts(value: Any) -> Any:
-    """OpenAI content parts → one string; only text parts exist for a text-only model."""
+def content_parts(value: Any) -> Any:
+    """OpenAI chat content parts → one string when they are all text (joined by newlines), else
+    the parts: text, and each `image_url` part's image (dashboard.api.images) where it was."""
     if not isinstance(value, list):
         return value
-    texts = []
-    for part in value:
-        if not isinstance(part, dict) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ValueError(f"content parts of type {kind!r} are not supported: text only")
-        if not isinstance(part.get("text"), str):
-            raise ValueError("a text content part needs a string 'text'")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    parts: list = []
+    for index, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {index}: a text content part needs a string 'text'")
+            parts.append(part["text"])
+        elif kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            try:
+                parts.append(image_from_url(url))
+            except ValueError as exc:
+                raise ValueError(f"part {index} (image_url): {exc}") from None
+        else:
+            raise ValueError(f"content parts of type {kind!r} are not supported: text and "
+                             "image_url only")  # fmt: skip
+    if all(isinstance(part, str) for part in parts):
+        return "\n".join(parts)
+    return parts
 
 
 ModelName = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
@@ -118,6 +134,27 @@ class TextPart(Strict):
     text: Content
 
 
+class ImageUrl(Strict):
+    url: Annotated[str, Field(description="a base64 data: URL (data:image/jpeg;base64,...): "
+                              "JPEG, PNG, GIF or BMP; http(s) URLs are not fetched")]  # fmt: skip
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImageUrlPart(Strict):
+    """OpenAI chat's image part (what a body may send; validated into an Image)."""
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+# A chat message's content: text, or parts (text and images) in the order sent.
+ChatContent = Annotated[
+    Content | Parts | None,
+    BeforeValidator(content_parts,
+                    json_schema_input_type=Content | list[TextPart | ImageUrlPart] | None),
+]  # fmt: skip
+
+
 ToolName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 ToolDescription = Annotated[str, Field(max_length=8192)]
 
@@ -143,7 +180,7 @@ def check_prompt_chars(total: int) -> None:
 
 
 def total_chars(messages: list) -> list:
-    check_prompt_chars(sum(len(m.content or "") for m in messages))
+    check_prompt_chars(sum(text_chars(m.content) for m in messages))
     return messages
 
 
@@ -171,12 +208,31 @@ def validation_error(exc: ValidationError) -> ApiError:
                     code="invalid_value")  # fmt: skip
 
 
+def _too_large() -> ApiError:
+    return ApiError(413, "the request body is too large", code="request_too_large")
+
+
+def read_body(request: HttpRequest) -> bytes:
+    """The request's body, up to its view's cap (api_endpoint's max_body: the gate refused a
+    larger one before it was read); Django's own cap, DATA_UPLOAD_MAX_MEMORY_SIZE, for the rest."""
+    policy = policy_of(request.resolver_match.func) if request.resolver_match else None
+    cap = policy.body_cap() if policy else settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    try:
+        if cap <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+            return request.body
+        if int(request.META.get("CONTENT_LENGTH") or 0) > cap:
+            raise _too_large()
+        body = request.read(cap + 1)
+    except (RequestDataTooBig, RawPostDataException):
+        raise _too_large() from None
+    if len(body) > cap:
+        raise _too_large()
+    return body
+
+
 def parse_body(request: HttpRequest, model: type[M]) -> M:
     """The request's JSON body validated as `model`; ApiError 400 or 413 otherwise."""
-    try:
-        body = request.body
-    except (RequestDataTooBig, RawPostDataException):
-        raise ApiError(413, "the request body is too large", code="request_too_large") from None
+    body = read_body(request)
     if not body.strip():
         raise ApiError(400, "the request needs a JSON body", code="invalid_json")
     try:

@@ -6,7 +6,10 @@ Writer says how it writes chunks, its final object and errors.
 Starting an answer (`start`), the same for every dialect:
 1. the model the body names (`resolve_model`; 404 for a name the catalog does not know);
 2. the prompt: the conversation through the model's template with its tools and thinking switch,
-   or a prompt sent as is (dashboard.api.templating; a 400 names the body's field);
+   or a prompt sent as is (dashboard.api.templating; a 400 names the body's field); its images,
+   parts of the messages' content where they were sent (dashboard.api.images), become the
+   prompt's media markers and the request's media (inference.text.prompting), after a 400 for
+   more than MAX_IMAGES or for a model that takes none (prompting.takes_images);
 3. the constraints: the body's sampling, plus the tool-call grammar where the answer may hold
    calls and the body sets no grammar of its own;
 4. the request (inference.catalog.specs.request_for): the caller's fields from its key
@@ -42,11 +45,11 @@ from dashboard.api.tools import ToolCall
 from inference.catalog.lookup import UnknownModel, resolve
 from inference.catalog.specs import context_asked, request_for, spec_for
 from inference.engine import GenerationRequest, Refused
-from inference.engine.generation import Priority
+from inference.engine.generation import MAX_IMAGES, Priority
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError, TokenResult
-from inference.text.prompting import Prompt
+from inference.text.prompting import Content, Prompt, images_of, takes_images
 from inference.text.thinking import Think
 
 
@@ -55,8 +58,11 @@ class Ask:
     """What a body asks, in the pipeline's terms: every dialect's body maps onto this."""
 
     model: str  # the name asked; "" for the default model
-    messages: list[dict] | None = None  # the conversation, OpenAI-style (templating reads it)
-    prompt: str | None = None  # or a prompt sent as is (completions, Ollama's raw)
+    # The conversation, OpenAI-style (templating reads it); a content may be parts, text and
+    # Images in the order sent (inference.text.prompting.Content).
+    messages: list[dict] | None = None
+    prompt: Content | None = None  # or a prompt sent as is (completions, Ollama's raw)
+    images_param: str = "messages"  # the body's field that carries its images, named in a 400
     tools: list[dict] | None = None  # the offered tools, OpenAI's shape
     parallel_tool_calls: bool = True
     think: Think = None  # the template's switch (dashboard.api.rules)
@@ -140,9 +146,26 @@ async def resolve_model(name: str | None) -> LLMModel:
         raise ApiError(404, str(exc), param="model", code="model_not_found") from None
 
 
+def check_images(model: LLMModel, ask: Ask) -> int:
+    """How many images the body sends, once it is known that `model` may take them: a 400 for
+    more than MAX_IMAGES, or for a model without a vision projector, naming it."""
+    contents = [ask.prompt] if ask.prompt is not None else [m.get("content") for m in
+                                                            ask.messages or ()]  # fmt: skip
+    count = sum(len(images_of(c)) for c in contents if c is not None)
+    if count > MAX_IMAGES:
+        raise ApiError(400, f"at most {MAX_IMAGES} images in one request; this one has {count}",
+                       param=ask.images_param, code="too_many_images")  # fmt: skip
+    if count and not takes_images(model):
+        raise ApiError(400, f'"{model.name}" does not take images: it is a text-only model (it '
+                       "has no vision projector)", param=ask.images_param,
+                       code="model_not_multimodal")  # fmt: skip
+    return count
+
+
 async def render(model: LLMModel, ask: Ask) -> ChatPrompt:
     """Step 2: the prompt of what the body asks (also what count_tokens and /apply-template
     show)."""
+    check_images(model, ask)
     if ask.prompt is not None:
         return raw_prompt(model, ask.prompt, ask.think)
     return await chat_prompt(model, ask.messages or [], ask.tools, think=ask.think,

@@ -1,7 +1,8 @@
 """The answer pipeline's prompt step (dashboard.api.pipeline): from a request's messages to the
 prompt, through the model's own chat template (the same path as the chat page's:
 inference.text.prompting), plus what only the API offers: tools. Every dialect's conversation
-arrives here as OpenAI-style messages (each body's `ask()` maps its own onto them).
+arrives here as OpenAI-style messages (each body's `ask()` maps its own onto them), a content
+either text or parts with images (rendered as llama-server renders them: prompting).
 
 Tools are handed to the template only when the template reads them, and tool calls are parsed
 out of answers only when the template's format marks them (<tool_call> blocks); with any other
@@ -18,16 +19,17 @@ import json
 from dataclasses import dataclass
 
 from dashboard.api.answer_parser import AnswerParser
-from dashboard.api.errors import ApiError
+from dashboard.api.errors import ApiError, from_refusal
 from dashboard.api.tools import (
     ToolCallParser,
     template_marks_tool_calls,
     template_renders_tools,
     tool_constraint,
 )
+from inference.engine.refusals import Refused
 from inference.gguf.chat_template import ChatTemplateError
 from inference.models import LLMModel
-from inference.text.prompting import Prompt, prompt_for, render_executor
+from inference.text.prompting import Content, Prompt, prompt_for, render_executor
 from inference.text.prompting import raw_prompt as plain_raw_prompt
 from inference.text.thinking import Think, thinking_mode
 
@@ -77,7 +79,7 @@ def _arguments(value):
 
 def template_message(message: dict) -> dict:
     """A message (OpenAI's shape, with Ollama's names too) as chat templates read it (Hugging
-    Face conventions)."""
+    Face conventions); a content of parts with images is joined by prompting.prompt_for."""
     role = "system" if message["role"] == "developer" else message["role"]
     out = {"role": role, "content": message.get("content") or ""}
     if message.get("tool_calls"):
@@ -124,6 +126,8 @@ def _render(
     except ChatTemplateError as exc:
         raise ApiError(400, f"the model's chat template refused this conversation: {exc}",
                        param="messages", code="chat_template_error") from None  # fmt: skip
+    except Refused as exc:  # text that holds the media marker beside images
+        raise from_refusal(exc) from None
     names = None
     if use_tools and template_marks_tool_calls(template):
         names = {t["function"]["name"] for t in tools}
@@ -147,7 +151,11 @@ async def chat_prompt(
     )
 
 
-def raw_prompt(model: LLMModel, prompt: str, think: Think = None) -> ChatPrompt:
-    """A prompt sent as is (Ollama's raw: true, OpenAI's completions)."""
+def raw_prompt(model: LLMModel, prompt: Content, think: Think = None) -> ChatPrompt:
+    """A prompt sent as is (Ollama's raw: true, OpenAI's completions), with its images where
+    they go."""
     check_think(model, think)
-    return ChatPrompt(plain_raw_prompt(model, prompt, think), None)
+    try:
+        return ChatPrompt(plain_raw_prompt(model, prompt, think), None)
+    except Refused as exc:
+        raise from_refusal(exc) from None

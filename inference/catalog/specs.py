@@ -109,14 +109,14 @@ def request_for(
 ) -> GenerationRequest:
     """The request to send for a rendered prompt (inference.text.prompting.Prompt), built once, the
     same for the chat page and every API dialect: the model's sampling (sampling_for), the
-    prompt's BOS rule, and the caller's ids and keys (`fields`: cache_key, cache_partition,
+    prompt's BOS rule and images, and the caller's ids and keys (`fields`: cache_key, cache_partition,
     keep_alive, arrived_wall: None for now). Raises InvalidParams."""
     if fields.get("arrived_wall") is None:
         fields.pop("arrived_wall", None)
     # A derived model runs on its base's engine (spec_for), with its own sampling and prompt.
     return GenerationRequest(prompt.text, sampling_for(model, asked, base),
                              model=model.weights.name, add_special=prompt.add_special,
-                             **fields)  # fmt: skip
+                             media=prompt.media, **fields)  # fmt: skip
 
 
 def context_asked(model: LLMModel, num_ctx: int | None) -> int:

@@ -4,7 +4,7 @@ A conversation arrives as Anthropic writes it (a top-level `system`, content blo
 blocks in assistant turns and tool_result blocks in user turns) and leaves `chat_messages()`
 as the OpenAI-style messages the answer pipeline reads (`ask()`: dashboard.api.pipeline): a
 tool_use is a tool call, a tool_result a tool message, a thinking block the turn's
-reasoning_content.
+reasoning_content, an image block (base64) an image among the turn's parts, where it was.
 """
 
 import json
@@ -28,26 +28,61 @@ from dashboard.api.bodies import (
     TopK,
     Unit,
     check_prompt_chars,
+    refuse_if,
 )
+from dashboard.api.images import Base64Image
 from dashboard.api.pipeline import Ask
+from inference.engine.media import Image
 
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 def _known_blocks(value: Any) -> Any:
-    """A clear 400 for a block this text-only engine cannot take (image, document, ...)."""
+    """A string as one text block (so that an error inside a block is reported as the block's,
+    not as the string's); a clear 400 for a block this engine cannot take (document, ...)."""
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
     if isinstance(value, list):
         for block in value:
             kind = block.get("type") if isinstance(block, dict) else type(block).__name__
             if kind not in BLOCK_TYPES:
                 raise ValueError(f"content blocks of type {kind!r} are not supported: text, "
-                                 "tool_use, tool_result and thinking only")  # fmt: skip
+                                 "image, tool_use, tool_result and thinking only")  # fmt: skip
     return value
 
 
 class TextBlock(Strict):
     type: Literal["text"]
     text: Content
+
+
+class ImageSource(Strict):
+    """An image's bytes, in base64: the appliance fetches no `url` source and keeps no files."""
+
+    type: Annotated[
+        Literal["base64", "url", "file"],
+        refuse_if(lambda v: v != "base64", "image sources are base64 only: url sources are not "
+                  "fetched, and files are not kept"),
+    ]  # fmt: skip
+    media_type: Literal["image/jpeg", "image/png", "image/gif", "image/webp", "image/bmp"] = (
+        "image/jpeg"
+    )
+    data: Base64Image | None = None
+
+    @model_validator(mode="after")
+    def _has_data(self) -> "ImageSource":
+        if self.data is None:
+            raise ValueError("a base64 image source needs its data")
+        return self
+
+
+class ImageBlock(Strict):
+    type: Literal["image"]
+    source: ImageSource
+
+    @property
+    def image(self) -> Image:
+        return self.source.data
 
 
 class ToolUseBlock(Strict):
@@ -84,7 +119,8 @@ class RedactedThinkingBlock(Strict):
 
 
 Block = Annotated[
-    TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock
+    | RedactedThinkingBlock,
     Field(discriminator="type"),
 ]
 Blocks = Annotated[list[Block], Field(max_length=MAX_MESSAGES)]
@@ -93,13 +129,11 @@ Blocks = Annotated[list[Block], Field(max_length=MAX_MESSAGES)]
 class AnthropicMessage(Strict):
     role: Literal["user", "assistant"]
     content: Annotated[
-        Content | Blocks, BeforeValidator(_known_blocks, json_schema_input_type=Content | Blocks)
+        Blocks, BeforeValidator(_known_blocks, json_schema_input_type=Content | Blocks)
     ]
 
     @property
     def blocks(self) -> list:
-        if isinstance(self.content, str):
-            return [TextBlock(type="text", text=self.content)]
         return list(self.content)
 
     @property
@@ -219,10 +253,12 @@ class CountTokensRequest(Strict):
         out: list[dict] = [{"role": "system", "content": self.system}] if self.system else []
         names: dict[str, str] = {}  # tool_use id → the tool's name
         for message in self.messages:
-            texts, calls, thinking = [], [], []
+            texts, calls, thinking = [], [], []  # texts: its text and images, in order
             for block in message.blocks:
                 if isinstance(block, TextBlock):
                     texts.append(block.text)
+                elif isinstance(block, ImageBlock):
+                    texts.append(block.image)
                 elif isinstance(block, ThinkingBlock):
                     thinking.append(block.thinking)
                 elif isinstance(block, ToolUseBlock):
@@ -236,15 +272,21 @@ class CountTokensRequest(Strict):
                         result["name"] = names[block.tool_use_id]
                     out.append(result)
             if message.role == "assistant":
-                turn: dict = {"role": "assistant", "content": "\n".join(texts)}
+                turn: dict = {"role": "assistant", "content": _content(texts)}
                 if calls:
                     turn["tool_calls"] = calls
                 if thinking:
                     turn["reasoning_content"] = "\n".join(thinking)
                 out.append(turn)
             elif texts or not any(isinstance(b, ToolResultBlock) for b in message.blocks):
-                out.append({"role": "user", "content": "\n".join(texts)})
+                out.append({"role": "user", "content": _content(texts)})
         return out
+
+
+def _content(parts: list) -> Content | list:
+    """A turn's text blocks joined by newlines; with images, its parts in order (the prompt
+    joins them as llama-server does: inference.text.prompting)."""
+    return "\n".join(parts) if all(isinstance(p, str) for p in parts) else parts
 
 
 class MessagesRequest(CountTokensRequest):

@@ -17,6 +17,7 @@ Usage is Anthropic's (dashboard.api.figures.anthropic_usage); `timings` rides be
 import json
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import pipeline
@@ -138,7 +139,7 @@ class MessagesWriter:
                 "timings": timings(end.figures)}  # fmt: skip
 
 
-@anthropic_endpoint
+@api_endpoint(dialect="anthropic", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
 async def messages(request: HttpRequest):
     body = parse_body(request, MessagesRequest)
     answer = await pipeline.start(request, body.ask(), source="anthropic")
@@ -154,6 +155,11 @@ async def count_tokens(request: HttpRequest) -> JsonResponse:
     ask = body.ask()
     model = await pipeline.resolve_model(ask.model)
     prompt = await pipeline.render(model, ask)
+    if prompt.prompt.media:
+        # An image's tokens are the projector's to say (the runner's), not the tokenizer's.
+        raise ApiError(400, "counting the tokens of images is not supported yet: send the "
+                       "conversation without its images", param="messages",
+                       code="unsupported_value")  # fmt: skip
     return JsonResponse({"input_tokens": await pipeline.count_prompt_tokens(model,
                                                                             prompt.prompt)})
 

@@ -4,7 +4,15 @@ pipeline's terms (`ask()`: dashboard.api.pipeline.Ask)."""
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from dashboard.api import rules
 from dashboard.api.bodies import (
@@ -29,8 +37,10 @@ from dashboard.api.bodies import (
     total_chars,
 )
 from dashboard.api.embedding import Dimensions, EmbedText, TextList
+from dashboard.api.images import Base64Image, ollama_parts, ollama_raw_parts
 from dashboard.api.pipeline import Ask
 from inference.catalog.specs import parse_keep_alive
+from inference.engine.generation import MAX_IMAGES
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
 from inference.text.structured import check_schema
 from inference.text.thinking import LEVELS, Level
@@ -54,9 +64,8 @@ Think = Annotated[
     bool | Level | None,
     BeforeValidator(lambda v: _think(v), json_schema_input_type=bool | Level | None),
 ]  # whether the model may think first; a model without a thinking mode refuses true (prompts.py)
-Images = Annotated[
-    list[str] | None, refuse_if(bool, "images are not supported: this model takes text only")
-]
+# Base64 pictures, placed as Ollama places them (dashboard.api.images.ollama_parts).
+Images = Annotated[list[Base64Image], Field(max_length=MAX_IMAGES)]
 
 
 def _format(value: Any) -> Any:
@@ -127,7 +136,7 @@ class OllamaToolCall(Strict):
 class OllamaMessage(Strict):
     role: Literal["system", "user", "assistant", "tool"]
     content: Content = ""
-    images: Images = None
+    images: Images | None = None
     tool_calls: Annotated[list[OllamaToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_name: Annotated[str, Field(max_length=64)] | None = None
     thinking: Content | None = None  # an earlier answer's; templates read reasoning_content
@@ -196,12 +205,17 @@ class OllamaChatRequest(OllamaGenerationBase):
         return not self.messages
 
     def chat_messages(self) -> list[dict]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        """The messages as the answer pipeline reads them: a message's images among its
+        content's parts, where Ollama puts them."""
+        return [{**m.model_dump(exclude_none=True, exclude={"images", "content"}),
+                 "content": ollama_parts(m.content, m.images or [])}
+                for m in self.messages]  # fmt: skip
 
     def ask(self) -> Ask:
         ask = super().ask()
         ask.messages = self.chat_messages()
         ask.tools = self.active_tools
+        ask.images_param = "images"
         return ask
 
 
@@ -220,7 +234,19 @@ class OllamaGenerateRequest(OllamaGenerationBase):
         list[int] | None, refuse_if(bool, "context is not supported: send the conversation "
                                     "to /api/chat instead")
     ] = None  # fmt: skip
-    images: Images = None
+    images: Images | None = None
+
+    _content: str | list = PrivateAttr(default="")  # the prompt, or its parts with images
+
+    @model_validator(mode="after")
+    def _place_images(self) -> "OllamaGenerateRequest":
+        """The images placed in the prompt as in a chat message, as Ollama's generate does, or,
+        raw, where its [img-N] tags say (dashboard.api.images: a 400 for a tag naming no
+        image, or an image no tag names)."""
+        images = self.images or []
+        place = ollama_raw_parts if self.raw else ollama_parts
+        self._content = place(self.prompt, images)
+        return self
 
     @property
     def loads_only(self) -> bool:
@@ -228,13 +254,16 @@ class OllamaGenerateRequest(OllamaGenerationBase):
         return not self.prompt
 
     def ask(self) -> Ask:
+        """The prompt as a user message (raw: sent as is), with its images."""
         ask = super().ask()
+        content = self._content
         if self.raw:
-            ask.prompt = self.prompt
+            ask.prompt = content
         else:
-            ask.messages = [{"role": "user", "content": self.prompt}]
+            ask.messages = [{"role": "user", "content": content}]
             if self.system:
                 ask.messages.insert(0, {"role": "system", "content": self.system})
+        ask.images_param = "images"
         return ask
 
 

@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api import pipeline
@@ -231,11 +232,16 @@ async def _generate(request: HttpRequest, body: OllamaGenerationBase, key: str) 
     return await pipeline.respond(answer, LinesWriter(answer, key), streamed=body.stream)
 
 
-@ollama_post
+# Chat and generate take images (dashboard.api.images): a larger body than the other endpoints.
+ollama_images = api_endpoint(dialect="ollama", methods=("POST",),
+                             max_body=settings.MAX_IMAGE_BODY_BYTES)  # fmt: skip
+
+
+@ollama_images
 async def chat(request: HttpRequest) -> HttpResponse:
     return await _generate(request, parse_body(request, OllamaChatRequest), "message")
 
 
-@ollama_post
+@ollama_images
 async def generate(request: HttpRequest) -> HttpResponse:
     return await _generate(request, parse_body(request, OllamaGenerateRequest), "response")

@@ -18,6 +18,7 @@ from dashboard.api.bodies import (
     MAX_MESSAGES,
     MAX_PROMPT_CHARS,
     MAX_TOOLS,
+    ChatContent,
     Content,
     GrammarText,
     JsonSchema,
@@ -30,13 +31,11 @@ from dashboard.api.bodies import (
     ShortText,
     Stop,
     Strict,
-    TextPart,
     Tools,
     TopK,
     TopLogprobs,
     Unit,
     refuse_if,
-    text_parts,
     total_chars,
 )
 from dashboard.api.embedding import (
@@ -75,10 +74,7 @@ class OpenAIToolCall(Strict):
 
 class OpenAIMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[
-        Content | None,
-        BeforeValidator(text_parts, json_schema_input_type=Content | list[TextPart] | None),
-    ] = None
+    content: ChatContent = None  # text, or text and image_url parts
     name: Annotated[str, Field(max_length=64)] | None = None
     tool_calls: Annotated[list[OpenAIToolCall], Field(max_length=MAX_TOOLS)] | None = None
     tool_call_id: ShortText | None = None
@@ -213,8 +209,11 @@ class ChatCompletionRequest(OpenAISampling):
         return [tool.model_dump(exclude_none=True) for tool in self.tools]
 
     def chat_messages(self) -> list[dict]:
-        """The messages as the answer pipeline reads them (every dialect's chat_messages())."""
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        """The messages as the answer pipeline reads them (every dialect's chat_messages()): a
+        content of parts stays parts, its images the Images read from them."""
+        return [{**m.model_dump(exclude_none=True, exclude={"content"}),
+                 **({"content": m.content} if m.content is not None else {})}
+                for m in self.messages]  # fmt: skip
 
     def ask(self) -> Ask:
         return Ask(

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import pipeline
@@ -164,7 +165,7 @@ class ChatWriter(OpenAIWriter):
         return self.response(choice, end)
 
 
-@openai_endpoint
+@api_endpoint(dialect="openai", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
 async def chat_completions(request: HttpRequest):
     body = parse_body(request, ChatCompletionRequest)
     answer = await pipeline.start(request, body.ask(), source="openai")

@@ -6,9 +6,9 @@ The endpoint is stateless, as Ollama's and llama-server's are: nothing is stored
 accepted and answered with `store: false`: the response says that it was not kept.
 
 `input` (a string, or message, reasoning, function_call and function_call_output items) becomes
-the chat messages that chat completions takes (`chat_messages()`), so both go through the same
-answer pipeline (`ask()`: dashboard.api.pipeline) with the same tools, thinking and grammars
-(dashboard.api.rules).
+the chat messages that chat completions takes (`chat_messages()`; a message's input_image parts
+its images, dashboard.api.images), so both go through the same answer pipeline (`ask()`:
+dashboard.api.pipeline) with the same tools, thinking and grammars (dashboard.api.rules).
 """
 
 from typing import Annotated, Any, Literal
@@ -39,6 +39,7 @@ from dashboard.api.bodies import (
     check_prompt_chars,
     refuse_if,
 )
+from dashboard.api.images import Parts, image_from_url, text_chars
 from dashboard.api.openai.schemas import ToolChoice
 from dashboard.api.pipeline import Ask
 from inference.engine.generation import Priority
@@ -48,20 +49,33 @@ STATELESS = "this appliance keeps no responses (stateless): send the whole conve
 TEXT_PARTS = ("input_text", "output_text", "text", "reasoning_text", "summary_text")
 
 
-def response_parts(value: Any) -> Any:
-    """Content parts (input_text, output_text) → one string; only text exists for a text-only
-    model."""
+def response_parts(value: Any, *, images: bool = False) -> Any:
+    """Content parts (input_text, output_text, and with `images` input_image) → one string when
+    they are all text (joined by newlines), else the parts: text, and each input_image's image
+    (dashboard.api.images) where it was."""
     if not isinstance(value, list):
         return value
-    texts = []
-    for part in value:
+    parts: list = []
+    for index, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if images and kind == "input_image":
+            if part.get("file_id"):
+                raise ValueError(f"part {index} (input_image): file_id is not supported: "
+                                 f"send image_url as a base64 data: URL; {STATELESS}")  # fmt: skip
+            try:
+                parts.append(image_from_url(part.get("image_url")))
+            except ValueError as exc:
+                raise ValueError(f"part {index} (input_image): {exc}") from None
+            continue
         if kind not in TEXT_PARTS:
-            raise ValueError(f"content parts of type {kind!r} are not supported: text only")
+            only = "text and input_image" if images else "text only"
+            raise ValueError(f"content parts of type {kind!r} are not supported: {only}")
         if not isinstance(part.get("text"), str):
             raise ValueError(f"a {kind} content part needs a string 'text'")
-        texts.append(part["text"])
-    return "\n".join(texts)
+        parts.append(part["text"])
+    if all(isinstance(part, str) for part in parts):
+        return "\n".join(parts)
+    return parts
 
 
 PartsText = Annotated[
@@ -69,10 +83,23 @@ PartsText = Annotated[
 ]
 
 
+class InputImagePart(Strict):
+    """Responses' image part (what a body may send; validated into an Image)."""
+
+    type: Literal["input_image"]
+    image_url: Annotated[str, Field(description="a base64 data: URL; http(s) URLs are not "
+                                    "fetched")]  # fmt: skip
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class MessageItem(Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: PartsText
+    content: Annotated[
+        Content | Parts,
+        BeforeValidator(lambda value: response_parts(value, images=True),
+                        json_schema_input_type=Content | list[dict | InputImagePart]),
+    ]  # fmt: skip
 
 
 class FunctionCallItem(Strict):
@@ -129,7 +156,7 @@ def _input(value: Any) -> Any:
 
 def _chars(item: "InputItem") -> int:
     texts = (getattr(item, name, None) for name in ("content", "output", "arguments", "summary"))
-    return sum(len(text) for text in texts if text)
+    return sum(text_chars(text) for text in texts)
 
 
 def _total_chars(items: list) -> list:
@@ -286,6 +313,7 @@ class ResponsesRequest(Strict):
             model=self.model, messages=self.chat_messages(), tools=self.active_tools,
             parallel_tool_calls=self.parallel_tool_calls is not False, think=self.think,
             think_param="reasoning", sampling=self.sampling(), priority=self.priority,
+            images_param="input",
         )  # fmt: skip
 
     def chat_messages(self) -> list[dict]:

@@ -7,6 +7,7 @@ response_format would give. What differs is the shape: output items and named st
 after it has begun is an `error` event followed by `response.failed`.
 """
 
+from django.conf import settings
 from django.http import HttpRequest
 
 from dashboard.api import pipeline
@@ -43,7 +44,7 @@ class ResponsesWriter:
         return self.builder.response()
 
 
-@api_endpoint(dialect="openai", methods=("POST",))
+@api_endpoint(dialect="openai", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
 async def responses(request: HttpRequest):
     body = parse_body(request, ResponsesRequest)
     answer = await pipeline.start(request, body.ask(), source="openai")

@@ -44,7 +44,7 @@ OPENAI_CASES = [
         "messages.0.content",
     ),
     (
-        "an image",
+        "an image URL that is no base64 data: URL",
         {
             "messages": [
                 {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
@@ -120,7 +120,8 @@ OLLAMA_CASES = [
     ("top_logprobs without logprobs", {"top_logprobs": 2}),
     ("a bad keep_alive", {"keep_alive": "soon"}),
     ("an unknown role", {"messages": [{"role": "wizard", "content": "x"}]}),
-    ("an image", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}),
+    ("an image that is no picture", {"messages": [{"role": "user", "content": "x",
+                                                    "images": ["aGk="]}]}),
     ("no model", {"model": ""}),
     ("messages not a list", {"messages": "hi"}),
 ]
@@ -154,8 +155,8 @@ def test_a_body_that_is_not_a_json_object_is_a_400(http, chat_headers, raw):
 
 
 def test_a_body_over_the_upload_limit_is_a_413(http, chat_headers):
-    huge = {"messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]}
-    response = http.post("/v1/chat/completions", json=huge, headers=chat_headers)
+    huge = {"prompt": "x" * (9 * 1024 * 1024)}
+    response = http.post("/v1/completions", json=huge, headers=chat_headers)
     assert response.status_code == 413
     assert read_json(response)["error"]["code"] == "request_too_large"
 

@@ -220,7 +220,7 @@ def test_errors_come_in_anthropics_shape(appliance, client):
     assert missing.status_code == 400
     assert missing.json()["error"]["type"] == "invalid_request_error"
     assert "max_tokens" in missing.json()["error"]["message"]
-    image = [{"role": "user", "content": [{"type": "image", "source": {}}]}]
+    document = [{"role": "user", "content": [{"type": "document", "source": {}}]}]
     with pytest.raises(anthropic.BadRequestError) as raised:
-        client.messages.create(model=STARTER, max_tokens=8, messages=image)
+        client.messages.create(model=STARTER, max_tokens=8, messages=document)
     assert "not supported" in raised.value.body["error"]["message"]

@@ -55,8 +55,10 @@ def test_a_tool_round_trip_becomes_tool_calls_and_tool_messages():
 
 
 def test_what_the_engine_cannot_do_is_refused_naming_the_field():
-    image = refusal(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}])
-    assert "'image' are not supported" in image.message and image.param == "messages.0.content"
+    document = refusal(messages=[{"role": "user", "content": [{"type": "document",
+                                                               "source": {}}]}])  # fmt: skip
+    assert "'document' are not supported" in document.message
+    assert document.param == "messages.0.content"
     forced = refusal(messages=[{"role": "user", "content": "x"}], tools=[TOOL],
                      tool_choice={"type": "any"})  # fmt: skip
     assert forced.param == "tool_choice" and "cannot force" in forced.message
