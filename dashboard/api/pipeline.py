@@ -9,7 +9,7 @@ Starting an answer (`start`), the same for every dialect:
    or a prompt sent as is (dashboard.api.templating; a 400 names the body's field); its images,
    parts of the messages' content where they were sent (dashboard.api.images), become the
    prompt's media markers and the request's media (inference.text.prompting), after a 400 for
-   more than MAX_IMAGES or for a model that takes none (prompting.takes_images);
+   more than MAX_IMAGES or for a model that takes none (LLMModel.takes_images);
 3. the constraints: the body's sampling, plus the tool-call grammar where the answer may hold
    calls and the body sets no grammar of its own;
 4. the request (inference.catalog.specs.request_for): the caller's fields from its key
@@ -49,7 +49,7 @@ from inference.engine.generation import MAX_IMAGES, Priority
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError, TokenResult
-from inference.text.prompting import Content, Prompt, images_of, takes_images
+from inference.text.prompting import Content, Prompt, images_of
 from inference.text.thinking import Think
 
 
@@ -155,7 +155,7 @@ def check_images(model: LLMModel, ask: Ask) -> int:
     if count > MAX_IMAGES:
         raise ApiError(400, f"at most {MAX_IMAGES} images in one request; this one has {count}",
                        param=ask.images_param, code="too_many_images")  # fmt: skip
-    if count and not takes_images(model):
+    if count and not model.takes_images:
         raise ApiError(400, f'"{model.name}" does not take images: it is a text-only model (it '
                        "has no vision projector)", param=ask.images_param,
                        code="model_not_multimodal")  # fmt: skip

@@ -48,18 +48,11 @@ __all__ = [
     "raw_prompt",
     "render_executor",
     "render_prompt",
-    "takes_images",
 ]
 
 # A message's content: text, or its parts in the order sent (text, and images where they go).
 Part = str | Image
 Content = str | Sequence[Part]
-
-
-def takes_images(model: LLMModel) -> bool:
-    """Whether `model` reads images: it has a vision projector. The one place that says so for
-    the web side (a request with images to any other model is refused before it is rendered)."""
-    return bool(getattr(model, "projector", None))
 
 
 def join_parts(parts: Sequence[Part], marker=lambda image: MEDIA_MARKER) -> str:

@@ -11,6 +11,7 @@ out, so what is tested is the parsing and the rendering, not the answers."""
 import base64
 import dataclasses
 import re
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -24,6 +25,7 @@ from django.core.asgi import get_asgi_application
 from appliance.gate import BodyGate
 from dashboard.models import ApiKey
 from inference.catalog.importing import register_file
+from inference.catalog.projectors import register_projector
 from inference.engine.generation import MAX_IMAGES
 from inference.engine.host import EngineHost
 from inference.engine.media import MEDIA_MARKER, Image
@@ -33,7 +35,7 @@ from inference.serving.client import EmbeddedClient, set_client
 from inference.text.prompting import render_prompt
 from tests.inference.engine.fakes import FakeRunner, engines_on
 from tests.inference.ggufs import tiny_gguf
-from tests.inference.projector_gguf import picture
+from tests.inference.projector_gguf import picture, write_projector
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -83,16 +85,16 @@ def recording():
 
 @pytest.fixture
 def vision(starter_model, monkeypatch, settings, tmp_path):
-    """The starter as a vision model, and a text-only model beside it. Which models take images
-    is inference.text.prompting.takes_images (a projector); until the catalog's projector field
-    lands, the starter is given one here, and only it."""
+    """The starter as a vision model (with the tiny projector), and a text-only model beside
+    it."""
     starter_model.default_params = {"max_tokens": 2}
     starter_model.save()
     settings.MODELS_DIR = tmp_path
     path = tiny_gguf(tmp_path / "text-only.gguf", chat_template=starter_model.chat_template)
     register_file(path, source=LLMModel.Source.SCAN, name="text-only", hash_file=False)
-    projector = property(lambda model: "mmproj.gguf" if model.name == starter_model.name else "")
-    monkeypatch.setattr(LLMModel, "projector", projector, raising=False)
+    mmproj = write_projector(tmp_path / "mmproj-starter.gguf", Path(starter_model.file_path))
+    starter_model.projector = register_projector(mmproj, source="import", n_embd=None)
+    starter_model.save()
     return starter_model
 
 
