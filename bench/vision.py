@@ -209,8 +209,12 @@ def make(side: str, projector: Path, entry: str, args) -> Server:
 
 def fresh(side: str, projector: Path, entry: str, args):
     server = make(side, projector, entry, args)
-    server.setup()
-    return server, server.start()
+    try:
+        server.setup()
+        return server, server.start()
+    except BaseException:
+        server.close()  # its data directory or logs go with it
+        raise
 
 
 async def ask_once(target: Target, messages: list[dict], max_tokens: int) -> dict:
