@@ -28,10 +28,10 @@ Scenarios:
            port instead) and a 30 MB image: each one's status, and whether the next good request
            is answered.
   stall    3 clients each send a new camera frame as soon as their last is answered, through
-           the ViT-B-sized encoder, while a person's streamed text chats run one after another
-           for --duration seconds: the person's ITL p50/p99/max at the client, and the frames
-           answered per minute in the same window. Every round; the sides' order swapped each
-           round.
+           the ViT-B-sized encoder, while a person's streamed text chats run one after another,
+           the last starting within --duration seconds: the person's ITL p50/p99/max at the
+           client, and the frames answered per minute in the same window (from the first chat's
+           start to the last one's end). Every round; the sides' order swapped each round.
 
 It prints a line per measurement, the goals met or not (issue 29, "Done when"), and last ONE
 JSON line.
