@@ -87,11 +87,15 @@ class Server:
 
 class Appliance(Server):
     """The appliance in embedded mode with the starter model and its default settings; three
-    API keys: a person's, an app's (interactive, the default) and a background app's."""
+    API keys: a person's, an app's (interactive, the default) and a background app's. A
+    benchmark may add manage.py commands to the setup (`extra_setup`, e.g. an import_model that
+    registers a vision entry) and name the model its requests ask for (`model`)."""
 
     name = "appliance"
 
-    def __init__(self, threads: int, env: dict[str, str] | None = None):
+    def __init__(self, threads: int, env: dict[str, str] | None = None, *,
+                 model: str = MODEL_NAME,
+                 extra_setup: tuple[tuple[str, ...], ...] = ()):  # fmt: skip
         self.data = tempfile.TemporaryDirectory(prefix="bench-appliance-")
         self.env = {
             **{k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "DATABASE_URL")},
@@ -103,6 +107,8 @@ class Appliance(Server):
             **(env or {}),
         }
         self.keys: dict[str, str] = {}
+        self.model = model
+        self.extra_setup = extra_setup
 
     def _manage(self, *args: str) -> str:
         done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env,
@@ -122,6 +128,8 @@ class Appliance(Server):
         # Loads and unloads (Ollama's keep_alive 0) need the manage scope.
         self.keys["manage"] = self._manage("create_api_key", "bench-manage", "--scope",
                                            "manage").strip()  # fmt: skip
+        for command in self.extra_setup:
+            self._manage(*command)
 
     def start(self) -> Target:
         port = free_port()
@@ -135,7 +143,7 @@ class Appliance(Server):
         url = f"http://127.0.0.1:{port}"
         self._wait(f"{url}/healthz", log)
         headers = {c: {"Authorization": f"Bearer {k}"} for c, k in self.keys.items()}
-        return Target(url, MODEL_NAME, headers)
+        return Target(url, self.model, headers)
 
     def close(self) -> None:
         self.stop()

@@ -52,31 +52,43 @@ def write_projector(
     projector_type: str = "mlp",
     seed: int = 11,
     image_size: int = IMAGE_SIZE,
+    patch_size: int = PATCH_SIZE,
+    embed: int = EMBED,
+    heads: int = HEADS,
+    ff: int = FF,
+    blocks: int = BLOCKS,
+    hidden: int = HIDDEN,
+    f16: bool = False,
 ) -> Path:
     """A tiny projector for the language model at `model`, written to `path`. `n_embd` other
     than the model's makes one whose projection does not fit it; `projector_type` other than
-    "mlp" one that llama.cpp may not know."""
+    "mlp" one that llama.cpp may not know. The tower's sizes (`blocks` run, the file holding
+    one more) may be given for a larger encoder (bench/vision.py's ViT-B-sized one), with
+    `f16` matrices to keep such a file small."""
     model_embd, token_norm = model_embedding(model)
     out = n_embd or model_embd
-    n_pos = (image_size // PATCH_SIZE) ** 2 + 1  # the patches and the class embedding
+    n_pos = (image_size // patch_size) ** 2 + 1  # the patches and the class embedding
     rng = np.random.default_rng(seed)
 
     def weights(*shape: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
+    def matrix(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return weights(*shape, scale=scale).astype(np.float16 if f16 else np.float32)
+
     writer = GGUFWriter(path, "clip")
     writer.add_name("tiny projector")
-    writer.add_file_type(0)  # all f32
+    writer.add_file_type(1 if f16 else 0)  # f16 matrices, or all f32
     writer.add_bool("clip.has_vision_encoder", True)
     writer.add_bool("clip.use_gelu", True)
     writer.add_string("clip.projector_type", projector_type)
     writer.add_uint32("clip.vision.image_size", image_size)
-    writer.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    writer.add_uint32("clip.vision.embedding_length", EMBED)
-    writer.add_uint32("clip.vision.feed_forward_length", FF)
-    writer.add_uint32("clip.vision.block_count", BLOCKS + 1)  # the last block is not run
+    writer.add_uint32("clip.vision.patch_size", patch_size)
+    writer.add_uint32("clip.vision.embedding_length", embed)
+    writer.add_uint32("clip.vision.feed_forward_length", ff)
+    writer.add_uint32("clip.vision.block_count", blocks + 1)  # the last block is not run
     writer.add_uint32("clip.vision.projection_dim", out)
-    writer.add_uint32("clip.vision.attention.head_count", HEADS)
+    writer.add_uint32("clip.vision.attention.head_count", heads)
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_array("clip.vision.image_mean", [0.481, 0.458, 0.408])
     writer.add_array("clip.vision.image_std", [0.269, 0.261, 0.276])
@@ -84,29 +96,29 @@ def write_projector(
                          sub_type=GGUFValueType.INT32)  # fmt: skip
 
     # numpy shapes are ggml's reversed: a (rows, cols) matrix is ne = [cols, rows].
-    writer.add_tensor("v.patch_embd.weight", weights(EMBED, 3, PATCH_SIZE, PATCH_SIZE))
-    writer.add_tensor("v.class_embd", weights(EMBED))
-    writer.add_tensor("v.position_embd.weight", weights(n_pos, EMBED))
-    writer.add_tensor("v.pre_ln.weight", np.ones(EMBED, dtype=np.float32))
-    writer.add_tensor("v.pre_ln.bias", np.zeros(EMBED, dtype=np.float32))
-    for i in range(BLOCKS + 1):
+    writer.add_tensor("v.patch_embd.weight", matrix(embed, 3, patch_size, patch_size))
+    writer.add_tensor("v.class_embd", weights(embed))
+    writer.add_tensor("v.position_embd.weight", weights(n_pos, embed))
+    writer.add_tensor("v.pre_ln.weight", np.ones(embed, dtype=np.float32))
+    writer.add_tensor("v.pre_ln.bias", np.zeros(embed, dtype=np.float32))
+    for i in range(blocks + 1):
         for norm in ("ln1", "ln2"):
-            writer.add_tensor(f"v.blk.{i}.{norm}.weight", np.ones(EMBED, dtype=np.float32))
-            writer.add_tensor(f"v.blk.{i}.{norm}.bias", np.zeros(EMBED, dtype=np.float32))
+            writer.add_tensor(f"v.blk.{i}.{norm}.weight", np.ones(embed, dtype=np.float32))
+            writer.add_tensor(f"v.blk.{i}.{norm}.bias", np.zeros(embed, dtype=np.float32))
         for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            writer.add_tensor(f"v.blk.{i}.{name}.weight", weights(EMBED, EMBED))
-            writer.add_tensor(f"v.blk.{i}.{name}.bias", weights(EMBED, scale=0.01))
-        writer.add_tensor(f"v.blk.{i}.ffn_up.weight", weights(FF, EMBED))
-        writer.add_tensor(f"v.blk.{i}.ffn_up.bias", weights(FF, scale=0.01))
-        writer.add_tensor(f"v.blk.{i}.ffn_down.weight", weights(EMBED, FF))
-        writer.add_tensor(f"v.blk.{i}.ffn_down.bias", weights(EMBED, scale=0.01))
-    writer.add_tensor("mm.0.weight", weights(HIDDEN, EMBED, scale=1 / np.sqrt(EMBED)))
-    writer.add_tensor("mm.0.bias", np.zeros(HIDDEN, dtype=np.float32))
+            writer.add_tensor(f"v.blk.{i}.{name}.weight", matrix(embed, embed))
+            writer.add_tensor(f"v.blk.{i}.{name}.bias", weights(embed, scale=0.01))
+        writer.add_tensor(f"v.blk.{i}.ffn_up.weight", matrix(ff, embed))
+        writer.add_tensor(f"v.blk.{i}.ffn_up.bias", weights(ff, scale=0.01))
+        writer.add_tensor(f"v.blk.{i}.ffn_down.weight", matrix(embed, ff))
+        writer.add_tensor(f"v.blk.{i}.ffn_down.bias", weights(embed, scale=0.01))
+    writer.add_tensor("mm.0.weight", matrix(hidden, embed, scale=1 / np.sqrt(embed)))
+    writer.add_tensor("mm.0.bias", np.zeros(hidden, dtype=np.float32))
     # The tower's output is layer-normed (about unit scale per element), mm.0 keeps that scale
     # and GELU leaves about 0.6 of it: mm.2 is scaled so that each image embedding's norm is
     # about a token embedding's.
-    mm2_scale = token_norm / (0.6 * np.sqrt(HIDDEN) * np.sqrt(out))
-    writer.add_tensor("mm.2.weight", weights(out, HIDDEN, scale=float(mm2_scale)))
+    mm2_scale = token_norm / (0.6 * np.sqrt(hidden) * np.sqrt(out))
+    writer.add_tensor("mm.2.weight", matrix(out, hidden, scale=float(mm2_scale)))
     writer.add_tensor("mm.2.bias", np.zeros(out, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
