@@ -695,6 +695,8 @@ class Engine:
         if not plan.chunks:
             self._counts = self.scheduler.counts()
             return
+        if self._encoder is not None:  # the steps leave the encoder its cores while it works
+            self.runner.share_cores(self._encoder.busy > 0)
         started = time.perf_counter()
         try:
             sampled = self.runner.execute(plan.chunks)

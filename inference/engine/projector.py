@@ -67,6 +67,7 @@ class Projector:
         self.path = path
         self.key = projector_key(path)
         self.n_threads = n_threads
+        self.use_gpu = use_gpu
         self.n_embd = n_embd
         self.max_whole = max_whole
         self.vision = bool(mt.mtmd_support_vision(self.ctx))

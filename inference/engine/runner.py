@@ -177,6 +177,7 @@ class LlamaRunner:
             ll.llama_model_free(self.model)
             raise LoadError("llama.cpp could not create a context with these settings")
         self.threads = threads
+        self._step_threads = threads  # what llama_decode uses now (share_cores)
 
     def _load_draft_model(self, config: RunnerConfig) -> DraftModel | None:
         """The model's draft model, if it has one that can draft for it. One that cannot (its
@@ -236,6 +237,21 @@ class LlamaRunner:
     @property
     def image_problem(self) -> str | None:
         return self._projector.problem if self._projector is not None else None
+
+    def share_cores(self, encoding: bool) -> None:
+        """Leave the encoder its cores while it encodes: the steps run on the rest, then on all
+        of them again. Measured on 2 cores (the starter, a ViT-B-sized projector, 3 cameras
+        beside a person's stream): with both decode threads sharing a core with the encoder,
+        a preempted thread held every barrier of llama.cpp's graph and one-token steps took up
+        to 5.9 s (ITL p99 4.2 s); with the steps on the other core, ITL p99 133 ms, max 141 ms.
+        A projector on a GPU takes no CPU cores from the steps."""
+        projector = self._projector
+        if projector is None or projector.use_gpu:
+            return
+        wanted = max(1, self.threads - projector.n_threads) if encoding else self.threads
+        if wanted != self._step_threads:
+            ll.llama_set_n_threads(self.ctx, wanted, wanted)
+            self._step_threads = wanted
 
     def read_images(self, prompt: str, images: tuple, add_special: bool) -> MediaPrompt:
         """Decode the pictures and read the prompt into text tokens and image spans

@@ -352,6 +352,10 @@ class FakeVisionRunner(FakeRunner):
         self.encode_gate: threading.Event | None = None  # when set up, encodes wait for it
         self.encoding = threading.Event()  # set once an encode has begun
         self.undecodable: set[str] = set()  # digests whose picture does not decode
+        self.shared: list[bool] = []  # share_cores's word before each step
+
+    def share_cores(self, encoding: bool) -> None:
+        self.shared.append(encoding)
 
     def read_images(self, prompt: str, images, add_special: bool):
         ids, spans = [], []

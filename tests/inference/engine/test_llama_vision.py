@@ -355,3 +355,13 @@ def test_logprobs_of_a_decode_beside_an_image_are_its_own(paths, extra_bufts):
         assert got.chosen.logprob == pytest.approx(expected.chosen.logprob, abs=1e-3)
     finally:
         runner.close()
+
+
+def test_while_the_encoder_works_the_steps_run_on_the_cores_it_leaves(runner):
+    import llama_cpp as ll
+
+    encoder_threads = runner.info()["vision"]["threads"]
+    runner.share_cores(True)
+    assert ll.llama_n_threads(runner.ctx) == max(1, runner.threads - encoder_threads)
+    runner.share_cores(False)
+    assert ll.llama_n_threads(runner.ctx) == runner.threads

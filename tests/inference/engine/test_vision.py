@@ -257,6 +257,24 @@ def test_streams_decode_while_an_image_is_encoded(start_engine):
     stream.cancel()
 
 
+def test_the_steps_leave_the_encoder_its_cores_while_it_encodes_and_take_them_back(start_engine):
+    runner = FakeVisionRunner(overhead=0.01)
+    runner.encode_gate = threading.Event()
+    engine = start_engine(runner)
+    stream = engine.submit(GenerationRequest("a long answer", SamplingParams(max_tokens=200)))
+    pictured = submit(engine, MEDIA_MARKER + "and this?", [image(12)])
+    assert runner.encoding.wait(10)
+    before = len(runner.shared)
+    assert wait_until(lambda: len(runner.shared) >= before + 3)
+    assert all(runner.shared[before:]), "steps while the encoder works run on the other cores"
+    runner.encode_gate.set()
+    assert pictured.result(timeout=10).type == "done"
+    after = len(runner.shared)
+    assert wait_until(lambda: len(runner.shared) >= after + 3)
+    assert runner.shared[-1] is False, "with the encoder idle the steps have every core again"
+    stream.cancel()
+
+
 def test_drafts_never_hold_or_follow_an_images_positions(start_engine):
     from .fakes import char_tokens
 
