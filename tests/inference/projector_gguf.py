@@ -20,7 +20,7 @@ Facts of the pinned llama.cpp it is written to (issue 29, "Tests on this box"):
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFWriter
 
 IMAGE_SIZE, PATCH_SIZE = 112, 14
 IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # 64
@@ -92,8 +92,9 @@ def write_projector(
     writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     writer.add_array("clip.vision.image_mean", [0.481, 0.458, 0.408])
     writer.add_array("clip.vision.image_std", [0.269, 0.261, 0.276])
-    writer.add_key_value("clip.vision.feature_layer", [0], GGUFValueType.ARRAY,
-                         sub_type=GGUFValueType.INT32)  # fmt: skip
+    # No clip.vision.feature_layer: the llava graph then runs every block but the last, as
+    # LLaVA-1.5's projectors do; a feature layer of 0 would stop it before the first block (an
+    # encoder that costs nothing, where a ViT-B-sized one must cost what ViT-B costs).
 
     # numpy shapes are ggml's reversed: a (rows, cols) matrix is ne = [cols, rows].
     writer.add_tensor("v.patch_embd.weight", matrix(embed, 3, patch_size, patch_size))
@@ -161,9 +162,8 @@ def _bmp(pixels: np.ndarray) -> bytes:
 
     height, width, _ = pixels.shape
     row_bytes = (width * 3 + 3) & ~3
-    rows = b"".join(
-        pixels[row, :, ::-1].tobytes().ljust(row_bytes, b"\x00") for row in range(height - 1, -1, -1)
-    )
+    bottom_up = range(height - 1, -1, -1)
+    rows = b"".join(pixels[row, :, ::-1].tobytes().ljust(row_bytes, b"\x00") for row in bottom_up)
     info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 24, 0, len(rows), 2835, 2835, 0, 0)
     header = struct.pack("<2sIHHI", b"BM", 14 + len(info) + len(rows), 0, 0, 14 + len(info))
     return header + info + rows
