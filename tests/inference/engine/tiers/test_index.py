@@ -33,7 +33,8 @@ def test_the_index_agrees_with_comparing_every_entry_as_entries_come_and_go():
             gone = live.pop(rng.choice(list(live)))
             index.remove(gone)
         else:
-            tokens = system[: rng.randrange(31)] + [rng.randrange(4) for _ in range(rng.randrange(40))]
+            tail = [rng.randrange(4) for _ in range(rng.randrange(40))]
+            tokens = system[: rng.randrange(31)] + tail
             e = entry(tokens or [1], partition=rng.choice(["a", "b"]), entry_id=f"e{step}")
             if rng.random() < 0.5:
                 e.data = None  # on disk only
