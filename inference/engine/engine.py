@@ -656,7 +656,7 @@ class Engine:
         # its whole prompt from the next step on (its chunk in this one is dropped).
         log.warning("%s: llama.cpp refused kept prompt %s (%d tokens); reading the prompt again",
                     self.name, op.entry.id, op.entry.n_tokens)  # fmt: skip
-        if self.prompts is not None:
+        if self.prompts is not None and op.data:  # its own state, refused: it is unusable
             self.prompts.discard(op.entry)
         self._read_cold(request, plan)
 

@@ -387,11 +387,13 @@ class Scheduler:
             request.prompt_ids, request.cache_key, request.cache_partition
         )
         hit = self._kept_prefix(request, reused)
-        if hit is not None and not hit.entry.in_ram:
+        if hit is not None and hit.data is None:
+            # Fetched once for this request: a fetch that did not bring it is not tried again
+            # (_kept_prefix then looks in RAM only), whatever kept it out.
             if self.tiers.fetch(hit.entry):
                 request.fetching = request.fetched = True
                 return Admission.FETCHING
-            hit = None  # gone meanwhile: read the prompt
+            hit = None  # gone meanwhile, or larger than RAM: read the prompt
 
         restore_s = 0.0
         if hit is not None:
@@ -423,8 +425,9 @@ class Scheduler:
         if trim:
             plan.kv_ops.append(trim)
         if hit is not None:
-            plan.kv_ops.append(KvRestore(slot.seq_id, request.id, hit.entry, hit.entry.data,
-                                         reused))  # fmt: skip
+            # The state the lookup found, not the entry's now: the disk thread may have let
+            # go of it since (it was written), and the restore would then be refused.
+            plan.kv_ops.append(KvRestore(slot.seq_id, request.id, hit.entry, hit.data, reused))
             plan.restore_s += restore_s
             self.tiers.touch(hit.entry)
             request.cached_tier = "disk" if request.fetched else "ram"
@@ -451,14 +454,15 @@ class Scheduler:
         # entry counts when at least half of it is the prompt's prefix, so a new conversation
         # never restores a whole entry for the chat template's first tokens.
         hit = self.tiers.lookup(request.cache_partition, request.lookup_ids, at_least=reused + 1,
-                                min_fraction=MIN_REUSE_FRACTION)  # fmt: skip
+                                min_fraction=MIN_REUSE_FRACTION,
+                                in_ram_only=request.fetched)  # fmt: skip
         if hit is None:
             return None
         if hit.entry.pending == "read":
             return hit  # another request fetches it already: wait for it too
         gained = min(hit.shared, request.prompt_len - 1) - reused
         per_token = self.budget.seconds_per_prompt_token()
-        if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, not hit.entry.in_ram, gained,
+        if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, hit.data is None, gained,
                                               per_token):  # fmt: skip
             return None
         return hit

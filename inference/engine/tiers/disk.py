@@ -49,6 +49,9 @@ class DiskTier:
         self.directory = self.root / layout.model_key / layout.digest
         self.budget = bound  # what this directory may hold (open() takes the others off)
         self.notify: Callable[[DiskResult], None] = lambda result: None
+        # Asked before a read allocates anything: False, and the read does not happen (the
+        # store takes the read's room in RAM first, or queues it again, or gives it up).
+        self.admit_read: Callable[[KvEntry], bool] = lambda entry: True
         self._lock_handle = None
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Condition()
@@ -195,6 +198,9 @@ class DiskTier:
                     self.notify(result)
                 except Exception:  # noqa: BLE001
                     log.exception("delivering a disk result")
+            # A written or dropped state is let go of now, not when the next job comes: the
+            # store counts it out of RAM once this job is done.
+            job = data = entry = result = None
             with self._idle:
                 self._busy -= 1
                 self._idle.notify_all()
@@ -218,6 +224,8 @@ class DiskTier:
                 path.unlink(missing_ok=True)
                 return DiskResult(op, entry, False, 0.0, error="dropped while it was written")
             return DiskResult(op, entry, True, time.perf_counter() - started)
+        if not self.admit_read(entry):
+            return None
         try:
             payload = files.read_payload(path, self.layout, entry)
         except files.BadEntry as exc:

@@ -171,10 +171,11 @@ class PrefixIndex:
 
     def best(
         self, partition: str | None, prompt: np.ndarray, at_least: int = 1,
-        min_fraction: float = 0.0,
+        min_fraction: float = 0.0, ram_only: bool = False,
     ) -> tuple[KvEntry, int] | None:  # fmt: skip
         """The entry sharing the longest prefix with `prompt` (at least `at_least` tokens, and
-        at least `min_fraction` of the entry's), and how many; of equal ones, one in RAM."""
+        at least `min_fraction` of the entry's), and how many; of equal ones, one in RAM
+        (`ram_only`: only those)."""
         path, partial, depth = self._walk(partition, prompt)
         # Deepest first: (tokens shared, the node whose own entries share them, and where
         # below it: a list of subtrees, or None / a child: the node's children but that one).
@@ -189,7 +190,7 @@ class PrefixIndex:
             if shared < max(at_least, 1):
                 return None
             limit = shared / min_fraction if min_fraction > 0 else math.inf
-            for ram in (True, False):
+            for ram in (True,) if ram_only else (True, False):
                 found = self._shortest(node, children, ram, limit)
                 if found is not None:
                     return found, shared

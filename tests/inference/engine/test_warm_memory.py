@@ -277,3 +277,63 @@ def test_background_prompts_beside_a_persons_stream_get_no_starvation_share():
     sched.add(person)
     plan = sched.schedule(time.monotonic())
     assert person in plan.admitted and sum(len(c.tokens) for c in plan.chunks) > 9
+
+
+# --- defects found in review (issue 30) ----------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_prompt_larger_than_the_ram_bound_is_read_again_not_waited_for(tmp_path):
+    engine, _ = warm_engine(tmp_path)
+    text = conversations(1)["conv-0"]
+    answer(engine, text, "conv-0")
+    stop(engine)  # kept on disk (some 300 bytes)
+    probe = PromptStore(1 << 20, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    [kept] = probe.held()
+    kept_bytes = kept.n_bytes
+    probe.close()
+    # Restarted with less RAM: the entry on disk is larger than the whole RAM tier.
+    engine, fake = warm_engine(tmp_path, ram=kept_bytes - 1)
+    done = answer(engine, text + "Next? ", "conv-0")
+    assert done.figures["cached_tokens"] == 0 and fake.restores == []
+    stats = engine.snapshot()["prompt_cache"]
+    assert stats["fetched"] == 0 and stats["ram"]["peak"] <= kept_bytes - 1
+    stop(engine)
+
+
+class DiskDoneMidPlan(RestoreCosts):
+    """Lets the disk thread deliver a finished write while the scheduler plans a restore:
+    between its lookup of the entry and the restore it builds."""
+
+    def __init__(self, gate, disk):
+        super().__init__()
+        self.gate, self.disk = gate, disk
+
+    def restore_seconds(self, n_bytes: int) -> float:
+        self.gate.set()
+        assert self.disk.drain(5)
+        return 0.0001
+
+    def pays(self, *args) -> bool:
+        return True
+
+
+def test_a_restore_keeps_the_state_it_looked_up_when_the_disk_thread_drops_it(tmp_path):
+    import threading
+
+    store = PromptStore(1_000, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    gate = threading.Event()
+    deliver = store.disk.notify
+    store.disk.notify = lambda result: (gate.wait(5), deliver(result))
+    kept = store.put("p", "kept", list(range(100)), bytearray(b"s" * 600))
+    store.flush(0)  # written to disk behind the gate: in RAM until the write is delivered
+    assert kept.in_ram
+    budget = TokenBudget(0.1, 64, min_chunk=8, cost=StepCostModel(overhead=0.008, per_token=0.003),
+                         background_itl_target=1.0)  # fmt: skip
+    sched = Scheduler(n_ctx=1024, n_slots=4, ctx_per_seq=256, budget=budget, reserve=0,
+                      tiers=store, costs=DiskDoneMidPlan(gate, store.disk))  # fmt: skip
+    sched.add(request("new", list(range(100)) + [5, 6], 0.0))
+    plan = sched.schedule(1.0)
+    [restore] = plan.restores
+    assert restore.data == bytearray(b"s" * 600)  # not None: llama.cpp would refuse it
+    store.close()
