@@ -12,7 +12,8 @@ For the dashboard's "now" the snapshot also carries:
   each step carried: decode tokens, prompt tokens, its seconds, its sequences; of the decodes,
   background streams' (`background`); whether an interactive stream decoded in it, so the
   ITL target bound it (`interactive`); how many running requests it left paused for
-  interactive work (`paused`)), so a long prompt can be watched being spread over steps beside
+  interactive work (`paused`); what it spent saving and restoring warm memory before the run
+  (`save_ms`, `restore_ms`)), so a long prompt can be watched being spread over steps beside
   a stream's decodes, and background work told from a person's;
 - `by_priority`: TTFT and ITL distributions and histograms per priority (interactive,
   background), two bounded label values for /metrics;
@@ -79,7 +80,8 @@ class Telemetry:
         }  # fmt: skip
         self._windows = Windows()
         # (time, decode tokens, prompt tokens, step seconds, sequences in the batch,
-        #  background decode tokens, an interactive stream decoded, requests paused)
+        #  background decode tokens, an interactive stream decoded, requests paused, drafted
+        #  tokens verified, output tokens, seconds saving KV, seconds restoring KV)
         self._recent_steps: deque[tuple] = deque(maxlen=STEPS_KEPT)
         # (time, {(share, priority): tokens served in that step}), over the window
         self._served: deque[tuple[float, dict]] = deque()
@@ -105,15 +107,20 @@ class Telemetry:
         paused: int = 0,
         served: dict | None = None,
         verify: int = 0,
+        save_s: float = 0.0,
+        restore_s: float = 0.0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
         tokens ran (`background_decode` of them background streams', `verify` of them drafted
         tokens being verified), `output` tokens were sampled (decodes, kept drafts and prompts
-        that completed); `served`: tokens per (share, priority)."""
+        that completed); `served`: tokens per (share, priority). `seconds` is the run's;
+        `save_s` and `restore_s` what the step spent before it saving KV into the tiers and
+        restoring it from them."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
             self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
-                                       interactive, paused, verify, output))  # fmt: skip
+                                       interactive, paused, verify, output, save_s,
+                                       restore_s))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -240,5 +247,8 @@ class Telemetry:
                 "paused": [s[7] for s in recent],
                 "verify": [s[8] for s in recent],  # drafted tokens verified (speculation)
                 "output": [s[9] for s in recent],
+                # Before the run (ms is the run's): KV saved into the tiers, and restored.
+                "save_ms": [round(s[10] * 1000.0, 2) for s in recent],
+                "restore_ms": [round(s[11] * 1000.0, 2) for s in recent],
             },
         }

@@ -197,6 +197,11 @@ class PromptStore:
             log.debug("a kept prompt of %d bytes was dropped: no room in RAM now", n)
             return False
 
+    def not_kept(self, n: int) -> None:
+        """n sequences' KV was dropped unsaved (a save did not fit a person's step)."""
+        with self._lock:
+            self.counts["dropped"] += n
+
     def release(self, n: int) -> None:
         with self._lock:
             self.ram_used -= n

@@ -337,3 +337,132 @@ def test_a_restore_keeps_the_state_it_looked_up_when_the_disk_thread_drops_it(tm
     [restore] = plan.restores
     assert restore.data == bytearray(b"s" * 600)  # not None: llama.cpp would refuse it
     store.close()
+
+
+class SlowSaves(SlowRestores):
+    """Saves predicted to take `seconds` each."""
+
+    def __init__(self, seconds: float):
+        super().__init__(0.0001)
+        self.save_s = seconds
+
+    def save_seconds(self, n_tokens: int) -> float:
+        return self.save_s
+
+
+def hold_kv_in_idle_slots(sched: Scheduler) -> None:
+    """Every idle slot holds another app's finished turn: a new request's slot is saved first."""
+    for n, slot in enumerate(s for s in sched.cache.slots if not s.busy):
+        slot.tokens, slot.partition = list(range(2000 + 100 * n, 2060 + 100 * n)), "q"
+        slot.last_used = n
+
+
+def test_a_save_that_overruns_the_itl_target_waits_beside_a_persons_stream_then_goes_unsaved():
+    store = PromptStore(1 << 20)
+    sched = scheduler(0.0001, store)
+    sched.costs = SlowSaves(0.5)  # a save predicted at 0.5 s; the target is 0.1 s
+    decoding_stream(sched, 0.0)
+    hold_kv_in_idle_slots(sched)
+    waiting = request("new", range(9000, 9040), 0.0)
+    sched.add(waiting)
+    plan = sched.schedule(0.1)
+    assert waiting not in plan.admitted and not any(isinstance(op, KvSave) for op in plan.kv_ops)
+    # ... until it has waited the loose background target: then without the save.
+    plan = sched.schedule(1.2)
+    assert waiting in plan.admitted and not any(isinstance(op, KvSave) for op in plan.kv_ops)
+    assert plan.save_s == 0 and store.counts["dropped"] == 1
+
+
+def test_a_save_that_fits_shares_the_step_and_shrinks_its_prompt_room():
+    store = PromptStore(1 << 20)
+    sched = scheduler(0.0001, store)
+    sched.costs = SlowSaves(0.03)
+    decoding_stream(sched, 0.0)
+    hold_kv_in_idle_slots(sched)
+    waiting = request("new", range(9000, 9060), 0.0)
+    sched.add(waiting)
+    plan = sched.schedule(0.1)
+    assert waiting in plan.admitted and plan.save_s == pytest.approx(0.03)
+    assert [op.seq_id for op in plan.kv_ops if isinstance(op, KvSave)] == [waiting.seq_id]
+    # 0.08 s a step less 0.03 s of save: (0.05 - 0.008) / 0.003 = 14 tokens, 1 a decode.
+    assert sum(len(c.tokens) for c in plan.chunks if c.request is waiting) == 13
+
+
+def test_the_step_log_shows_what_each_step_spent_saving_and_restoring():
+    engine, fake = warm_engine(slots=1)
+    round_robin(engine, conversations(3), turns=2)
+    steps = engine.snapshot()["steps"]
+    assert len(steps["save_ms"]) == len(steps["restore_ms"]) == len(steps["ms"])
+    assert fake.saves and sum(steps["save_ms"]) > 0 and sum(steps["restore_ms"]) > 0
+    stop(engine)
+
+
+class WatchedSaves(FakeRunner):
+    """Notes, as each save copies a state, what the RAM tier counts then."""
+
+    store: PromptStore | None = None
+
+    def save(self, seq_id: int) -> bytearray:
+        data = super().save(seq_id)
+        self.seen.append((self.store.ram_used, len(data)))
+        return data
+
+
+def test_a_saves_copy_is_inside_the_ram_bound_while_it_is_made():
+    store = PromptStore(1_000)
+    fake = WatchedSaves(n_slots=1, n_ctx=256, per_token=0.0003)
+    fake.store, fake.seen = store, []
+    engine = Engine(fake, prompts=store, itl_target=1.0).start()
+    round_robin(engine, conversations(4), turns=2)
+    stop(engine)
+    assert fake.seen and all(n <= used <= 1_000 for used, n in fake.seen)
+
+
+def test_a_read_from_disk_takes_its_room_in_ram_before_it_allocates(tmp_path, monkeypatch):
+    from inference.engine.tiers import files
+
+    first = PromptStore(1 << 20, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    first.put("p", "kept", list(range(100)), bytearray(b"s" * 600))
+    first.flush(5)
+    first.close()
+    store = PromptStore(1_000, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    store.put("p", "other", list(range(500, 600)), bytearray(b"o" * 700))
+    read = files.read_payload
+    seen = []
+
+    def watched(path, layout, entry):
+        seen.append(store.ram_used)
+        return read(path, layout, entry)
+
+    monkeypatch.setattr(files, "read_payload", watched)
+    [kept] = [e for e in store.held() if e.cache_key == "kept"]
+    assert store.fetch(kept)
+    assert store.disk.drain(5)
+    # Counted before it was read, and inside the bound: the other entry left RAM for it.
+    assert seen and all(600 <= used <= 1_000 for used in seen)
+    assert kept.in_ram and store.ram_used <= 1_000 and store.ram_peak <= 1_000
+    store.close()
+
+
+def test_a_dropped_entrys_state_counts_until_its_write_lets_go_of_it(tmp_path, monkeypatch):
+    import threading
+
+    from inference.engine.tiers import files
+
+    gate = threading.Event()
+    write = files.write_entry
+
+    def slow(*args):
+        assert gate.wait(5)
+        return write(*args)
+
+    monkeypatch.setattr(files, "write_entry", slow)
+    store = PromptStore(1_000, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    store.put("p", "kept", list(range(100)), bytearray(b"s" * 600))
+    store.flush(0)  # its write starts, and waits at the gate
+    assert store.forget("p") == 1
+    assert store.ram_used == 600  # the write job still holds the state
+    gate.set()
+    assert store.disk.drain(5)
+    assert store.ram_used == 0 and list(store.disk.directory.glob("*.kv")) == []
+    store.close()
