@@ -155,3 +155,32 @@ def test_an_entry_on_disk_larger_than_the_ram_bound_is_no_candidate_and_evicts_n
     assert not store.fetch(big)  # never read into a RAM tier it cannot fit
     assert store.ram_used == 3_000 and big.on_disk and not big.in_ram
     store.close()
+
+
+def test_the_bookkeeping_matches_what_is_held_through_saves_fetches_and_forgets(tmp_path, layout):
+    import random
+
+    rng = random.Random(3)
+    store = disk_store(tmp_path, layout, ram=6_000, disk=20_000)
+    for step in range(300):
+        choice = rng.random()
+        if choice < 0.5:
+            n = rng.choice([500, 1_000, 2_000])
+            if store.reserve(n):
+                store.put(rng.choice("ab"), None, ids(20, 40 * step), state(n), reserved=n)
+        elif choice < 0.85:
+            on_disk = [e for e in store.held() if e.on_disk and not e.in_ram]
+            if on_disk:
+                store.fetch(rng.choice(on_disk))
+        elif choice < 0.9:
+            store.forget(rng.choice("ab"))
+        elif choice < 0.95:
+            assert store.disk.drain(10)
+        assert store.ram_used <= 6_000
+    assert store.disk.drain(10)
+    held = store.held()
+    assert store.ram_used == sum(e.n_bytes for e in held if e.in_ram)
+    assert store.disk_used == sum(e.n_bytes for e in held if e.on_disk) <= 20_000
+    assert {p.stem for p in store.disk.directory.glob("*.kv")} == {e.id for e in held if e.on_disk}
+    assert store.ram_peak <= 6_000
+    store.close()
