@@ -89,6 +89,15 @@ class DiskTier:
         """Whether the runner holding the directory is a stopped one writing its RAM tier."""
         return files.marked(self.directory) == "flushing"
 
+    def others_flushing(self) -> bool:
+        """Whether a stopped runner of this worker (any model) still writes its RAM tier: that
+        RAM is still held, and the store keeps its own tier empty until it is let go of."""
+        for directory in self.root.glob("*/*"):
+            if (directory.is_dir() and files.marked(directory) == "flushing"
+                    and files.is_locked(directory)):  # fmt: skip
+                return True
+        return False
+
     def flushing(self) -> None:
         """Say that this runner has stopped and only writes its RAM tier now: a runner of the
         same model started meanwhile takes the directory over when this one lets go."""

@@ -23,6 +23,8 @@
 The RAM bound holds for what this process holds, not just for what the index says: `ram_used`
 counts the states in RAM, those being written (until written, and a dropped entry's until its
 write job lets go of it), and the room reserved for a save being copied or a read under way.
+And it holds for the worker's runners together: a runner that opens while a stopped one still
+writes its RAM tier to disk keeps nothing in RAM until that one lets go (`open`).
 
 Called from the engine thread, and from the disk thread with its results, under one lock.
 """
@@ -68,6 +70,9 @@ class PromptStore:
         if ram_bytes < 0:
             raise ValueError("the RAM tier's bound is a number of bytes")
         self.ram_bound = ram_bytes
+        # What RAM may hold now: the bound, or 0 while a stopped runner's tier still holds its
+        # share beside this one (it writes it to disk: `open`).
+        self._room_bound = ram_bytes
         self.disk = disk
         self.min_tokens = min_tokens
         # Told of every read from disk, done or failed, on the disk thread (the engine's wake-up).
@@ -97,6 +102,10 @@ class PromptStore:
         disk, self.disk = self.disk, None
         if disk is None:
             return self
+        if disk.others_flushing():
+            self._room_bound = 0
+            threading.Thread(target=self._wait_for_flushes, args=(disk, takeover_s),
+                             name="kv-flushes", daemon=True).start()  # fmt: skip
         found = disk.open()
         if found is not None:
             self._attach(disk, found)
@@ -117,6 +126,17 @@ class PromptStore:
                     self._attach(disk, found)
                 return
         log.warning("kept prompts stay in RAM: %s was not let go of", disk.directory)
+
+    def _wait_for_flushes(self, disk: DiskTier, within: float) -> None:
+        """The RAM bound holds for the box while a stopped runner writes its tier to disk:
+        this tier keeps nothing until that runner lets go (within `within`, its flush's
+        limit), then takes its share."""
+        log.info("kept prompts: RAM tier empty until a stopped runner has written its own")
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and not self._closed and disk.others_flushing():
+            time.sleep(TAKEOVER_POLL_S)
+        with self._lock:
+            self._room_bound = self.ram_bound
 
     def _attach(self, disk: DiskTier, found: list[KvEntry]) -> None:
         disk.notify = self._disk_done
@@ -244,7 +264,7 @@ class PromptStore:
         """(Under the lock.) Whether RAM has room for n more bytes now, after the least
         recently used entries left it as far as needed: those on disk let go of their state at
         once; others are written first (they free their bytes once written). Never waits."""
-        short = self.ram_used + n - self.ram_bound - self._leaving_bytes
+        short = self.ram_used + n - self._room_bound - self._leaving_bytes
         victims = []
         for entry in self._ram.values():
             if short <= 0:
@@ -254,7 +274,7 @@ class PromptStore:
                 short -= entry.n_bytes
         for entry in victims:
             self._leave_ram(entry)
-        return self.ram_used + n <= self.ram_bound
+        return self.ram_used + n <= self._room_bound
 
     def _leave_ram(self, entry: KvEntry) -> None:
         """(Under the lock.) Take an entry out of RAM: its state let go of when it is on disk,

@@ -184,3 +184,35 @@ def test_the_bookkeeping_matches_what_is_held_through_saves_fetches_and_forgets(
     assert {p.stem for p in store.disk.directory.glob("*.kv")} == {e.id for e in held if e.on_disk}
     assert store.ram_peak <= 6_000
     store.close()
+
+
+def test_a_runner_keeps_nothing_in_ram_while_a_stopped_one_still_writes_its_own(
+    tmp_path, layout, monkeypatch
+):
+    import dataclasses
+    import time
+
+    from inference.engine.tiers import files
+
+    gate = threading.Event()
+    write = files.write_entry
+    monkeypatch.setattr(files, "write_entry", lambda *args: (gate.wait(10), write(*args))[1])
+    stopping = disk_store(tmp_path, dataclasses.replace(layout, model="cd" * 32), ram=4_000)
+    stopping.put("p", "c", ids(20), state(3_000))
+    flush = threading.Thread(target=stopping.flush, args=(10,))
+    flush.start()  # its write waits at the gate: its RAM tier is still held
+    deadline = time.monotonic() + 5
+    while files.marked(stopping.disk.directory) != "flushing" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    starting = disk_store(tmp_path, layout, ram=4_000)  # another model, the same worker
+    assert starting.put("p", "new", ids(20, 500), state(3_000)) is None
+    assert starting.ram_used == 0
+    gate.set()
+    flush.join(10)
+    stopping.close()
+    deadline = time.monotonic() + 5
+    while starting.put("p", "new", ids(20, 500), state(3_000)) is None:
+        assert time.monotonic() < deadline, "the RAM tier never took its share"
+        time.sleep(0.05)
+    assert starting.ram_used == 3_000
+    starting.close()
