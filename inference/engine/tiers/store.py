@@ -90,6 +90,7 @@ class PromptStore:
         self._unwritten: OrderedDict[str, KvEntry] = OrderedDict()
         self._unwritten_bytes = 0
         self._leaving_bytes = 0  # of states being written that leave RAM once written
+        self._on_disk = 0  # entries written (the readings' count, without a scan)
         self._index = PrefixIndex()  # the entries that fit in RAM, by their tokens
         self._clock = 0
         self._closed = False
@@ -148,6 +149,7 @@ class PromptStore:
                 self._disk[entry.id] = entry
                 self._touch(entry)
                 self.disk_used += entry.n_bytes
+                self._on_disk += 1
                 if entry.n_bytes <= self.ram_bound:
                     self._index.add(entry)
                 else:
@@ -323,6 +325,7 @@ class PromptStore:
                 return False
             if victim.data is not None:
                 victim.on_disk = False
+                self._on_disk -= 1
                 victim.unwritable = True  # written again, it would only churn the disk
                 del self._disk[victim.id]
                 self.disk_used -= victim.n_bytes
@@ -402,6 +405,7 @@ class PromptStore:
             pass  # _remove counted it out and queued the file's deletion
         elif ok:
             entry.on_disk = True
+            self._on_disk += 1
             if entry.leaving:
                 self._drop_data(entry)
         else:
@@ -495,6 +499,7 @@ class PromptStore:
         else:
             self._drop_data(entry)
         if entry.on_disk or entry.pending == "write":
+            self._on_disk -= entry.on_disk
             entry.on_disk = False
             self._disk.pop(entry.id, None)
             self.disk_used -= entry.n_bytes
@@ -520,7 +525,7 @@ class PromptStore:
 
     def stats(self) -> dict:
         with self._lock:
-            on_disk = sum(1 for e in self._disk.values() if e.on_disk)
+            on_disk = self._on_disk
             return {
                 "ram": {"bytes": self.ram_used, "bound": self.ram_bound, "entries": len(self._ram),
                         "peak": self.ram_peak},

@@ -183,6 +183,7 @@ def test_the_bookkeeping_matches_what_is_held_through_saves_fetches_and_forgets(
     assert store.disk_used == sum(e.n_bytes for e in held if e.on_disk) <= 20_000
     assert {p.stem for p in store.disk.directory.glob("*.kv")} == {e.id for e in held if e.on_disk}
     assert store.ram_peak <= 6_000
+    assert store.stats()["disk"]["entries"] == sum(e.on_disk for e in held)
     store.close()
 
 
