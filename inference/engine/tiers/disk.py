@@ -89,12 +89,18 @@ class DiskTier:
         """Whether the runner holding the directory is a stopped one writing its RAM tier."""
         return files.marked(self.directory) == "flushing"
 
-    def others_flushing(self) -> bool:
+    def others_flushing(self, within: float = 60.0) -> bool:
         """Whether a stopped runner of this worker (any model) still writes its RAM tier: that
-        RAM is still held, and the store keeps its own tier empty until it is let go of."""
+        RAM is still held, and the store keeps its own tier empty until it is let go of. Only
+        a directory marked so in the last `within` seconds (a flush's limit, config.FLUSH_S,
+        and more) is probed for its lock: the mark stays after the runner is gone."""
+        now = time.time()
         for directory in self.root.glob("*/*"):
-            if (directory.is_dir() and files.marked(directory) == "flushing"
-                    and files.is_locked(directory)):  # fmt: skip
+            try:
+                recent = now - (directory / files.LOCK_NAME).stat().st_mtime < within
+            except OSError:
+                continue
+            if recent and files.marked(directory) == "flushing" and files.is_locked(directory):
                 return True
         return False
 
