@@ -149,7 +149,12 @@ class Engine:
         self.prompts = prompts
         if prompts is not None:
             prompts.on_fetched = lambda result: self._inbox.put(("fetched", result))
-            for entry in prompts.held()[-9:]:  # a save's size before the first is measured
+            # A save's size before the first is measured: the KV buffer per cell llama.cpp
+            # allocated, and the entries found on disk.
+            kv = sum(((runner.info().get("buffers") or {}).get("kv") or {}).values())
+            if kv and runner.n_ctx:
+                self.costs.observe_save(runner.n_ctx, kv, None)
+            for entry in prompts.held()[-8:]:
                 self.costs.observe_save(entry.n_tokens, entry.n_bytes, None)
         self.scheduler = Scheduler(
             n_ctx=runner.n_ctx,

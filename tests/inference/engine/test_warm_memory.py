@@ -466,3 +466,18 @@ def test_a_dropped_entrys_state_counts_until_its_write_lets_go_of_it(tmp_path, m
     assert store.disk.drain(5)
     assert store.ram_used == 0 and list(store.disk.directory.glob("*.kv")) == []
     store.close()
+
+
+class KvBuffers(FakeRunner):
+    """A runner that says what its KV cache allocated, as the llama.cpp one does."""
+
+    def info(self) -> dict:
+        return {**super().info(), "buffers": {"kv": {"CPU": 1000 * self.n_ctx}}}
+
+
+def test_the_first_save_is_predicted_from_the_kv_cache_llama_cpp_allocated():
+    engine = Engine(KvBuffers(n_slots=1, n_ctx=256), prompts=PromptStore(1 << 20)).start()
+    try:  # 8,000 tokens of 1,000 bytes: 8 MB, at the prior 2 GB/s
+        assert engine.costs.save_seconds(8_000) >= 8e6 / 2e9
+    finally:
+        engine.shutdown()
