@@ -34,7 +34,9 @@ class _Node:
 
     def __init__(self, parent: "_Node | None", label: np.ndarray, depth: int):
         self.parent = parent
-        self.label = label  # the tokens of the edge from the parent (a view, never copied)
+        # The tokens of the edge from the parent: a view of the entry's tokens that made it
+        # (its array lives as long as the node: at most one per node), copied only at a merge.
+        self.label = label
         self.depth = depth  # tokens from the root to here
         self.children: dict[int, _Node] = {}
         self.entries: dict[str, KvEntry] = {}  # entries whose tokens end here
