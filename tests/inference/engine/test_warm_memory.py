@@ -481,3 +481,42 @@ def test_the_first_save_is_predicted_from_the_kv_cache_llama_cpp_allocated():
         assert engine.costs.save_seconds(8_000) >= 8e6 / 2e9
     finally:
         engine.shutdown()
+
+
+def test_a_fetch_that_did_not_bring_its_entry_is_not_tried_again_for_that_request(
+    tmp_path, monkeypatch
+):
+    import dataclasses
+    import threading
+
+    from inference.engine.tiers import files
+
+    first = PromptStore(1 << 20, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    first.put("p", "kept", list(range(100)), bytearray(b"s" * 400))
+    first.flush(5)
+    first.close()
+    # Another model's runner stopped and still writes its RAM tier: this one's RAM takes
+    # nothing meanwhile, so the read finds no room and is given up.
+    gate = threading.Event()
+    write = files.write_entry
+    monkeypatch.setattr(files, "write_entry", lambda *args: (gate.wait(10), write(*args))[1])
+    stopping = PromptStore(1 << 20, DiskTier(tmp_path, dataclasses.replace(LAYOUT, model="cd" * 32),
+                                             1 << 30)).open()  # fmt: skip
+    stopping.put("p", "other", list(range(500, 600)), bytearray(b"o" * 400))
+    flush = threading.Thread(target=stopping.flush, args=(10,))
+    flush.start()
+    while files.marked(stopping.disk.directory) != "flushing":
+        gate.wait(0.01)
+    store = PromptStore(1 << 20, DiskTier(tmp_path, LAYOUT, 1 << 30)).open()
+    sched = scheduler(0.0001, store)
+    waiting = request("first", list(range(100)) + [1], 0.0)
+    sched.add(waiting)
+    assert sched.schedule(0.1).admitted == [] and waiting.fetching
+    assert store.disk.drain(5) and store.counts["no_room"] == 1
+    gate.set()
+    flush.join(10)
+    stopping.close()
+    sched.fetched()
+    plan = sched.schedule(0.2)  # its entry is still on disk: not fetched again, read cold
+    assert plan.admitted == [waiting] and waiting.cached_tokens == 0 and plan.restores == []
+    store.close()
