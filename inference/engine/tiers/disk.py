@@ -49,6 +49,9 @@ class DiskTier:
         self.directory = self.root / layout.model_key / layout.digest
         self.budget = bound  # what this directory may hold (open() takes the others off)
         self.notify: Callable[[DiskResult], None] = lambda result: None
+        # Asked before a read allocates anything: False, and the read does not happen (the
+        # store takes the read's room in RAM first, or queues it again, or gives it up).
+        self.admit_read: Callable[[KvEntry], bool] = lambda entry: True
         self._lock_handle = None
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Condition()
@@ -85,6 +88,21 @@ class DiskTier:
     def holder_flushing(self) -> bool:
         """Whether the runner holding the directory is a stopped one writing its RAM tier."""
         return files.marked(self.directory) == "flushing"
+
+    def others_flushing(self, within: float = 60.0) -> bool:
+        """Whether a stopped runner of this worker (any model) still writes its RAM tier: that
+        RAM is still held, and the store keeps its own tier empty until it is let go of. Only
+        a directory marked so in the last `within` seconds (a flush's limit, config.FLUSH_S,
+        and more) is probed for its lock: the mark stays after the runner is gone."""
+        now = time.time()
+        for directory in self.root.glob("*/*"):
+            try:
+                recent = now - (directory / files.LOCK_NAME).stat().st_mtime < within
+            except OSError:
+                continue
+            if recent and files.marked(directory) == "flushing" and files.is_locked(directory):
+                return True
+        return False
 
     def flushing(self) -> None:
         """Say that this runner has stopped and only writes its RAM tier now: a runner of the
@@ -195,6 +213,9 @@ class DiskTier:
                     self.notify(result)
                 except Exception:  # noqa: BLE001
                     log.exception("delivering a disk result")
+            # A written or dropped state is let go of now, not when the next job comes: the
+            # store counts it out of RAM once this job is done.
+            job = data = entry = result = None
             with self._idle:
                 self._busy -= 1
                 self._idle.notify_all()
@@ -218,6 +239,8 @@ class DiskTier:
                 path.unlink(missing_ok=True)
                 return DiskResult(op, entry, False, 0.0, error="dropped while it was written")
             return DiskResult(op, entry, True, time.perf_counter() - started)
+        if not self.admit_read(entry):
+            return None
         try:
             payload = files.read_payload(path, self.layout, entry)
         except files.BadEntry as exc:

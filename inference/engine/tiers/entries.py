@@ -66,7 +66,10 @@ class KvEntry:
     dropped: bool = False  # forgotten or evicted while the disk thread had it
     restores: int = field(default=0)
     read_seconds: float = 0.0  # what its last read from disk took
-    rereads: int = 0  # reads queued again because RAM was full of spills in flight
+    rereads: int = 0  # reads queued again behind writes that free the RAM it needs
+    leaving: bool = False  # it leaves RAM once written (its write is queued or running)
+    held: bool = False  # dropped while being written: the write job still holds its state
+    unwritable: bool = False  # its write failed: it stays in RAM only
 
     @property
     def n_tokens(self) -> int:

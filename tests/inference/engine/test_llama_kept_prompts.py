@@ -43,6 +43,8 @@ def test_a_saved_state_restores_into_another_sequence_and_a_prefix_continues(mak
         list(engine.submit(ask(tuple(ids), SamplingParams(max_tokens=1))).events(timeout=120))
         state = engine.on_engine_thread(lambda: runner.save(0)).result()
         assert len(state) > 100_000  # ~23 KB a token for this model
+        # What the RAM tier takes room for before the copy is the copy's size.
+        assert engine.on_engine_thread(lambda: runner.state_size(0)).result() == len(state)
         assert engine.on_engine_thread(lambda: runner.restore(1, bytearray(state))).result()
         assert engine.on_engine_thread(lambda: runner.continues(1, len(ids))).result()
         assert not engine.on_engine_thread(lambda: runner.continues(1, len(ids) - 5)).result()
