@@ -10,7 +10,8 @@ costs less than reading it again.
     entries  what an entry is: its layout (what must match for a restore), tokens, bytes
     store    the two tiers' bookkeeping: lookup, put, bounds, forget (engine thread only)
     files    the disk format of one entry and the directory of a model's entries
-    disk     the disk tier: the directory, its bound, and the I/O thread that reads and writes
+    disk     the disk tier: the directory and the I/O thread that reads and writes it
+    ledger   the disk bound, the box's: every runner's writes reserved against one account
     costs    restore or recompute, from measured rates
 """
 

@@ -5,7 +5,7 @@ them from the machine when the serving process starts: a quarter of the RAM avai
 most 8 GiB, and a quarter of the data directory's free disk, at most 64 GiB. Each runner gets
 the RAM bound divided by the models that may be loaded at once (its runner process holds its
 RAM tier, so the sum of the runners' tiers holds the box's bound), and the whole disk bound,
-shared among models' directories by the disk tier (disk.DiskTier._make_room_elsewhere).
+which the runners alive share, each write reserved against one account of the tree (ledger).
 """
 
 import logging

@@ -95,6 +95,7 @@ class PromptStore:
 
     def _attach(self, disk: DiskTier, found: list[KvEntry]) -> None:
         disk.notify = self._disk_done
+        disk.shrunk = self._fit_disk
         with self._lock:
             for entry in found:
                 self._clock += 1
@@ -105,6 +106,12 @@ class PromptStore:
             self._trim_disk(0)
         log.info("kept prompts: %d entries (%d MiB) on disk for this model",
                  len(found), self.disk_used >> 20)  # fmt: skip
+
+    def _fit_disk(self) -> None:
+        """(The disk thread.) The disk's share shrank (a runner opened beside this one): the
+        least recently used entries leave the disk until it fits."""
+        with self._lock:
+            self._trim_disk(0)
 
     @property
     def enabled(self) -> bool:
@@ -385,6 +392,7 @@ class PromptStore:
                         "peak": self.ram_peak},
                 "disk": {"bytes": self.disk_used, "entries": on_disk,
                          "bound": self.disk.budget if self.disk is not None else 0,
-                         "enabled": self.disk is not None},
+                         "enabled": self.disk is not None,
+                         "note": self.disk.note if self.disk is not None else ""},
                 **self.counts,
             }  # fmt: skip

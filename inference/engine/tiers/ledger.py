@@ -1,0 +1,215 @@
+"""The disk bound of a tree of kept prompts, held at every moment by all its runners together.
+
+The tree `<root>/<model key>/<layout>/` holds every model's kept prompts of one worker, on a
+disk that also holds the database and the models. What its directories take is written in one
+small file, `<root>/.usage` (JSON: directory -> bytes), read and changed only under an
+exclusive lock on `<root>/.usage.lock`, by the disk thread of each runner (DiskTier):
+
+1. A write reserves its file's size first (`reserve`). When the tree would pass the bound, the
+   oldest files of directories no runner holds go (models not loaded, other load settings of
+   this one; `.tmp` leftovers first); when that is not enough, the write is refused (the entry
+   is dropped, as when the disk is full). A runner's own directory is its store's to trim.
+2. Once written, or after a deletion, the runner says what its directory holds (`settle`).
+   Bytes on disk are never more than the file says: a reservation comes before the write, a
+   deletion before its release.
+3. The runners alive (each holds its directory's lock) share the bound equally: `share` is read
+   at each change and every few seconds; a runner above it trims its own least recently used
+   entries (PromptStore), so one that opens beside another gets its half, and gets the whole
+   bound once the other one has stopped, flushing included.
+4. What a directory no runner holds takes is counted from its files at each open and before
+   evicting from it (a runner killed mid-write, files deleted by a forget), and its `.tmp`
+   leftovers are swept then. A missing or unreadable ledger is counted again the same way.
+
+A directory this process cannot use (another user's) is logged, counted when it can be read,
+and otherwise left alone.
+"""
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from inference.engine.tiers import files
+
+log = logging.getLogger(__name__)
+
+LEDGER, LEDGER_LOCK = ".usage", ".usage.lock"
+# The lock is held for a read, a write and a few probes; a holder stuck past this (stopped by a
+# debugger) costs the others a refused write, not a hang.
+LOCK_WAIT_S = 10.0
+
+
+class Ledger:
+    """One runner's side of the tree's accounting: its directory's bytes, its share."""
+
+    def __init__(self, root: Path, directory: Path, bound: int):
+        self.root = Path(root)
+        self.name = Path(directory).relative_to(self.root).as_posix()
+        self.bound = bound
+        self.share = bound  # what this runner's directory may hold now (3.)
+        self._foreign: set[str] = set()  # directories already logged as unusable
+
+    def open(self, held: int) -> None:
+        """Count the directories no runner holds again, sweeping their leftovers (4.); add this
+        one's `held` bytes; make room under the bound among the idle ones; read the share."""
+        with self._usage() as (usage, alive):
+            for name, live in alive.items():
+                if live is False:
+                    usage[name] = self._count(name, sweep=True)
+            usage[self.name] = held
+            self._fit(usage, alive)
+
+    def reserve(self, held: int, n: int) -> bool:
+        """Room for a file of `n` bytes beside this directory's `held` (1.); False when the
+        tree has none even after the idle directories' oldest files went."""
+        with self._usage() as (usage, alive):
+            usage[self.name] = held + n
+            self._fit(usage, alive)
+            if sum(usage.values()) <= self.bound:
+                return True
+            usage[self.name] = held
+            return False
+
+    def settle(self, held: int) -> None:
+        """This directory holds `held` bytes now (2.), and reads its share again."""
+        with self._usage() as (usage, _):
+            usage[self.name] = held
+
+    def refresh(self) -> int:
+        """The share now (runners have opened or stopped meanwhile)."""
+        with self._usage():
+            pass
+        return self.share
+
+    # --- under the lock ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _usage(self):
+        """The ledger and, for every directory of the tree, whether a runner holds it (None:
+        unusable here); written back, and the share read, at the end."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tree_locked(self.root):
+            usage = self._read()
+            alive: dict[str, bool | None] = {}
+            for directory in _directories(self.root):
+                name = directory.relative_to(self.root).as_posix()
+                alive[name] = True if name == self.name else self._probe(name, directory)
+                if name not in usage:  # new to the ledger: a fresh tree, or it was unreadable
+                    usage[name] = self._count(name)
+            for gone in set(usage) - set(alive):
+                del usage[gone]
+            yield usage, alive
+            self._write(usage)
+            others = sum(1 for name, live in alive.items() if live and name != self.name)
+            self.share = self.bound // (1 + others)
+
+    def _fit(self, usage: dict[str, int], alive: dict[str, bool | None]) -> None:
+        """The oldest files of idle directories go until the tree is within the bound."""
+        if sum(usage.values()) <= self.bound:
+            return
+        idle = [name for name, live in alive.items() if live is False and usage.get(name)]
+        candidates = []
+        for name in idle:
+            found = list(files.stored(self.root / name))
+            usage[name] = sum(size for _, size, _ in found)  # counted again: exact
+            # Leftovers of a killed write first, then the oldest entries.
+            candidates += [(path.suffix != files.TEMPORARY, mtime, size, path, name)
+                           for mtime, size, path in found]  # fmt: skip
+        excess = sum(usage.values()) - self.bound
+        for _, _, size, path, name in sorted(candidates):
+            if excess <= 0:
+                break
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                self._unusable(name, exc)
+                continue
+            usage[name] -= size
+            excess -= size
+
+    def _count(self, name: str, *, sweep: bool = False) -> int:
+        """What an idle directory takes on the disk, its `.tmp` leftovers removed first with
+        `sweep` (no runner is writing them)."""
+        total = 0
+        for _, size, path in files.stored(self.root / name):
+            if sweep and path.suffix == files.TEMPORARY:
+                try:
+                    path.unlink(missing_ok=True)
+                    continue
+                except OSError as exc:
+                    self._unusable(name, exc)
+            total += size
+        return total
+
+    def _probe(self, name: str, directory: Path) -> bool | None:
+        try:
+            return files.is_locked(directory)
+        except OSError as exc:
+            self._unusable(name, exc)
+            return None
+
+    def _unusable(self, name: str, exc: OSError) -> None:
+        if name not in self._foreign:
+            self._foreign.add(name)
+            log.warning("kept prompts: %s under %s is not this appliance's to use, left alone "
+                        "(%s)", name, self.root, exc)  # fmt: skip
+
+    def _read(self) -> dict[str, int]:
+        try:
+            raw = json.loads((self.root / LEDGER).read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("kept prompts: the disk ledger %s is unreadable (%s); counting again",
+                        self.root / LEDGER, exc)  # fmt: skip
+            return {}
+        if not isinstance(raw, dict):
+            return {}
+        return {k: v for k, v in raw.items() if type(v) is int and v >= 0}
+
+    def _write(self, usage: dict[str, int]) -> None:
+        temporary = self.root / (LEDGER + ".new")
+        temporary.write_text(json.dumps(usage, sort_keys=True))
+        os.replace(temporary, self.root / LEDGER)
+
+
+def _directories(root: Path) -> list[Path]:
+    """Every layout directory of the tree (<model key>/<layout>)."""
+    found = []
+    for model_dir in _subdirectories(root):
+        found += _subdirectories(model_dir)
+    return found
+
+
+def _subdirectories(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+
+
+@contextlib.contextmanager
+def tree_locked(root: Path):
+    """The tree's lock: while it is held, nothing is reserved, so what the tree's files take is
+    at most what the ledger says (a file is only ever written within a reservation)."""
+    path = Path(root) / LEDGER_LOCK
+    with open(path, "a+b") as handle:
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                raise OSError(errno.ETIMEDOUT, f"{path} was held for {LOCK_WAIT_S:.0f} s")
+            time.sleep(0.002)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
