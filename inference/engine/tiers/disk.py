@@ -62,6 +62,7 @@ class DiskTier:
         self.shrunk: Callable[[], None] = lambda: None
         self._ledger = Ledger(self.root, self.directory, bound)
         self._files: dict[str, tuple[int, int]] = {}  # entry id -> (file bytes, state bytes)
+        self._refreshed_at = 0.0  # when the share was read last (disk thread)
         self._lock_handle = None
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Condition()
@@ -123,7 +124,7 @@ class DiskTier:
             except files.BadEntry as exc:
                 log.warning("deleting kept prompt %s: %s", path.name, exc)
                 path.unlink(missing_ok=True)
-                dropped["unreadable"] = dropped.get("unreadable", 0) + 1
+                dropped["damaged or unreadable"] = dropped.get("damaged or unreadable", 0) + 1
                 continue
             if len(header.tokens) > self.layout.ctx_per_seq:
                 path.unlink(missing_ok=True)
@@ -145,7 +146,7 @@ class DiskTier:
         return sum(size for size, _ in self._files.values())
 
     def _new_budget(self) -> None:
-        """The budget from the share read last (`budget`); the store told when it shrank."""
+        """`budget` from the share read last; the store is told when it shrank."""
         overhead = sum(size - state for size, state in self._files.values())
         room_for_next = files.HEADER_ROOM + 4 * self.layout.ctx_per_seq
         budget = max(0, self._ledger.share - overhead - room_for_next)
@@ -181,6 +182,7 @@ class DiskTier:
         return True
 
     def _refresh(self) -> None:
+        self._refreshed_at = time.monotonic()
         try:
             self._ledger.refresh()
         except OSError as exc:
@@ -193,16 +195,22 @@ class DiskTier:
             self._jobs.put(None)
             self._thread.join(5)
             self._thread = None
+            try:
+                self._ledger.close(self._held())
+            except OSError as exc:
+                log.warning("kept prompts: cannot write the disk ledger under %s: %s",
+                            self.root, exc)  # fmt: skip
         if self._lock_handle is not None:
             self._lock_handle.close()
             self._lock_handle = None
 
     def _work(self) -> None:
         while True:
+            if time.monotonic() >= self._refreshed_at + REFRESH_S:
+                self._refresh()
             try:
                 job = self._jobs.get(timeout=REFRESH_S)
             except queue.Empty:
-                self._refresh()
                 continue
             if job is None:
                 break
@@ -269,6 +277,7 @@ class DiskTier:
         return DiskResult(op, entry, True, time.perf_counter() - started)
 
     def _settle(self) -> None:
+        self._refreshed_at = time.monotonic()
         self._ledger.settle(self._held())
         self._new_budget()
 

@@ -12,10 +12,13 @@ exclusive lock on `<root>/.usage.lock`, by the disk thread of each runner (DiskT
 2. Once written, or after a deletion, the runner says what its directory holds (`settle`).
    Bytes on disk are never more than the file says: a reservation comes before the write, a
    deletion before its release.
-3. The runners alive (each holds its directory's lock) share the bound equally: `share` is read
-   at each change and every few seconds; a runner above it trims its own least recently used
-   entries (PromptStore), so one that opens beside another gets its half, and gets the whole
-   bound once the other one has stopped, flushing included.
+3. The runners alive (each holds its directory's lock) share the bound: each may hold what the
+   others leave, and at least its fair share (the bound over the runners alive). A runner
+   refused a write below its fair share says it wants it, and the others' shares shrink to
+   leave it. `share` is read at each change and every second; a runner above it trims its own
+   least recently used entries (PromptStore). So a runner that never writes (an embedding
+   model's) takes nothing from the others, one that opens beside a full one gets its half, and
+   the whole bound once the other has stopped, flushing included.
 4. What a directory no runner holds takes is counted from its files at each open and before
    evicting from it (a runner killed mid-write, files deleted by a forget), and its `.tmp`
    leftovers are swept then. A missing or unreadable ledger is counted again the same way.
@@ -31,6 +34,7 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.engine.tiers import files
@@ -41,6 +45,19 @@ LEDGER, LEDGER_LOCK = ".usage", ".usage.lock"
 # The lock is held for a read, a write and a few probes; a holder stuck past this (stopped by a
 # debugger) costs the others a refused write, not a hang.
 LOCK_WAIT_S = 10.0
+
+
+@dataclass(slots=True)
+class Tree:
+    """The ledger as read under the lock, with who is alive now."""
+
+    bytes: dict[str, int]  # directory ("<model key>/<layout>") -> what it takes on the disk
+    wanting: set[str]  # runners refused a write below their fair share (3.)
+    alive: dict[str, bool | None] = field(default_factory=dict)  # None: unusable here
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes.values())
 
 
 class Ledger:
@@ -56,70 +73,93 @@ class Ledger:
     def open(self, held: int) -> None:
         """Count the directories no runner holds again, sweeping their leftovers (4.); add this
         one's `held` bytes; make room under the bound among the idle ones; read the share."""
-        with self._usage() as (usage, alive):
-            for name, live in alive.items():
+        with self._tree() as tree:
+            for name, live in tree.alive.items():
                 if live is False:
-                    usage[name] = self._count(name, sweep=True)
-            usage[self.name] = held
-            self._fit(usage, alive)
+                    tree.bytes[name] = self._count(name, sweep=True)
+            tree.bytes[self.name] = held
+            tree.wanting.discard(self.name)
+            self._fit(tree)
 
     def reserve(self, held: int, n: int) -> bool:
         """Room for a file of `n` bytes beside this directory's `held` (1.); False when the
-        tree has none even after the idle directories' oldest files went."""
-        with self._usage() as (usage, alive):
-            usage[self.name] = held + n
-            self._fit(usage, alive)
-            if sum(usage.values()) <= self.bound:
+        tree has none even after the idle directories' oldest files went. Refused below its
+        fair share, this runner says it wants that share: the others trim to leave it (3.)."""
+        with self._tree() as tree:
+            tree.bytes[self.name] = held + n
+            self._fit(tree)
+            if tree.total <= self.bound:
                 return True
-            usage[self.name] = held
+            tree.bytes[self.name] = held
+            if held + n <= self._fair(tree):
+                tree.wanting.add(self.name)
             return False
 
     def settle(self, held: int) -> None:
         """This directory holds `held` bytes now (2.), and reads its share again."""
-        with self._usage() as (usage, _):
-            usage[self.name] = held
+        with self._tree() as tree:
+            tree.bytes[self.name] = held
 
     def refresh(self) -> int:
-        """The share now (runners have opened or stopped meanwhile)."""
-        with self._usage():
+        """The share now (runners have opened, stopped or asked for room meanwhile)."""
+        with self._tree():
             pass
         return self.share
+
+    def close(self, held: int) -> None:
+        """This runner stops: its directory holds `held` bytes, and it wants no share."""
+        with self._tree() as tree:
+            tree.bytes[self.name] = held
+            tree.wanting.discard(self.name)
 
     # --- under the lock ----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _usage(self):
-        """The ledger and, for every directory of the tree, whether a runner holds it (None:
-        unusable here); written back, and the share read, at the end."""
+    def _tree(self):
+        """The ledger and, for every directory of the tree, whether a runner holds it; written
+        back, and the share read, at the end."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         with tree_locked(self.root):
-            usage = self._read()
-            alive: dict[str, bool | None] = {}
+            tree = self._read()
+            was = (dict(tree.bytes), set(tree.wanting))
             for directory in _directories(self.root):
                 name = directory.relative_to(self.root).as_posix()
-                alive[name] = True if name == self.name else self._probe(name, directory)
-                if name not in usage:  # new to the ledger: a fresh tree, or it was unreadable
-                    usage[name] = self._count(name)
-            for gone in set(usage) - set(alive):
-                del usage[gone]
-            yield usage, alive
-            self._write(usage)
-            others = sum(1 for name, live in alive.items() if live and name != self.name)
-            self.share = self.bound // (1 + others)
+                tree.alive[name] = True if name == self.name else self._probe(name, directory)
+                if name not in tree.bytes:  # new to the ledger: a fresh tree, or unreadable
+                    tree.bytes[name] = self._count(name)
+            for gone in set(tree.bytes) - set(tree.alive):
+                del tree.bytes[gone]
+            tree.wanting &= {name for name, live in tree.alive.items() if live}
+            yield tree
+            if (tree.bytes, tree.wanting) != was:  # an idle runner's refresh writes nothing
+                self._write(tree)
+            self.share = self._share(tree)
 
-    def _fit(self, usage: dict[str, int], alive: dict[str, bool | None]) -> None:
+    def _fair(self, tree: Tree) -> int:
+        return self.bound // sum(1 for live in tree.alive.values() if live)
+
+    def _share(self, tree: Tree) -> int:
+        """Its fair share at least; more where the other runners alive leave it, unless they
+        want their fair share (3.)."""
+        fair = self._fair(tree)
+        others = sum(max(tree.bytes.get(name, 0), fair if name in tree.wanting else 0)
+                     for name, live in tree.alive.items() if live and name != self.name)
+        return max(fair, self.bound - others)
+
+    def _fit(self, tree: Tree) -> None:
         """The oldest files of idle directories go until the tree is within the bound."""
-        if sum(usage.values()) <= self.bound:
+        if tree.total <= self.bound:
             return
-        idle = [name for name, live in alive.items() if live is False and usage.get(name)]
+        idle = [name for name, live in tree.alive.items()
+                if live is False and tree.bytes.get(name)]  # fmt: skip
         candidates = []
         for name in idle:
             found = list(files.stored(self.root / name))
-            usage[name] = sum(size for _, size, _ in found)  # counted again: exact
+            tree.bytes[name] = sum(size for _, size, _ in found)  # counted again: exact
             # Leftovers of a killed write first, then the oldest entries.
             candidates += [(path.suffix != files.TEMPORARY, mtime, size, path, name)
                            for mtime, size, path in found]  # fmt: skip
-        excess = sum(usage.values()) - self.bound
+        excess = tree.total - self.bound
         for _, _, size, path, name in sorted(candidates):
             if excess <= 0:
                 break
@@ -128,7 +168,7 @@ class Ledger:
             except OSError as exc:
                 self._unusable(name, exc)
                 continue
-            usage[name] -= size
+            tree.bytes[name] -= size
             excess -= size
 
     def _count(self, name: str, *, sweep: bool = False) -> int:
@@ -158,22 +198,25 @@ class Ledger:
             log.warning("kept prompts: %s under %s is not this appliance's to use, left alone "
                         "(%s)", name, self.root, exc)  # fmt: skip
 
-    def _read(self) -> dict[str, int]:
+    def _read(self) -> Tree:
         try:
             raw = json.loads((self.root / LEDGER).read_text())
         except FileNotFoundError:
-            return {}
+            raw = {}
         except (OSError, ValueError) as exc:
             log.warning("kept prompts: the disk ledger %s is unreadable (%s); counting again",
                         self.root / LEDGER, exc)  # fmt: skip
-            return {}
-        if not isinstance(raw, dict):
-            return {}
-        return {k: v for k, v in raw.items() if type(v) is int and v >= 0}
+            raw = {}
+        raw = raw if isinstance(raw, dict) else {}
+        sizes = raw.get("bytes") if isinstance(raw.get("bytes"), dict) else {}
+        wanting = raw.get("wanting") if isinstance(raw.get("wanting"), list) else []
+        return Tree({k: v for k, v in sizes.items() if type(v) is int and v >= 0},
+                    {name for name in wanting if isinstance(name, str)})  # fmt: skip
 
-    def _write(self, usage: dict[str, int]) -> None:
+    def _write(self, tree: Tree) -> None:
         temporary = self.root / (LEDGER + ".new")
-        temporary.write_text(json.dumps(usage, sort_keys=True))
+        temporary.write_text(json.dumps({"bytes": tree.bytes, "wanting": sorted(tree.wanting)},
+                                        sort_keys=True))  # fmt: skip
         os.replace(temporary, self.root / LEDGER)
 
 

@@ -180,7 +180,7 @@ def test_a_header_that_is_json_but_not_an_object_is_deleted_and_the_rest_indexed
         store = opened(tmp_path, layout)
     assert store.disk is not None and {e.id for e in store.held()} == {e.id for e in kept}
     assert not (directory / "odd.kv").exists() and "not an entry's" in caplog.text
-    assert store.stats()["disk"]["note"] == "dropped 1 entry: unreadable"
+    assert store.stats()["disk"]["note"] == "dropped 1 entry: damaged or unreadable"
     store.close()
 
 

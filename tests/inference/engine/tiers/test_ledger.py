@@ -60,14 +60,16 @@ def test_a_runner_that_opens_while_another_flushes_gets_the_bound_once_it_stops(
     starting.close()
 
 
-def test_a_runner_above_its_share_gives_room_to_one_that_opens_beside_it(tmp_path):
+def test_a_runner_above_its_share_gives_room_to_one_that_opens_beside_it_and_asks(tmp_path):
     first = opened(tmp_path, "ab")
     keep(first, 40)
     assert first.disk.drain(10)
     assert on_disk(first) > BOUND * 3 // 4  # alone: the whole bound
     second = opened(tmp_path, "cd")
-    assert wait_for(lambda: on_disk(first) <= BOUND // 2)  # it trims its oldest to its half
-    keep(second, 40)
+    keep(second, 20)  # refused while the tree is full: it wants its half
+    assert second.disk.drain(10)
+    assert wait_for(lambda: on_disk(first) <= BOUND // 2)  # the first trims its oldest
+    keep(second, 20, start=20)
     assert second.disk.drain(10)
     assert on_disk(second) > BOUND // 4 and tree_bytes(tmp_path) <= BOUND
     # The last one spilled stayed (the very last is in RAM).
@@ -75,6 +77,17 @@ def test_a_runner_above_its_share_gives_room_to_one_that_opens_beside_it(tmp_pat
     assert newest is not None and newest.entry.on_disk
     first.close()
     second.close()
+
+
+def test_a_runner_that_keeps_nothing_on_disk_takes_nothing_from_the_others(tmp_path):
+    """An embedding model's runner, say: alive beside a chat model, it leaves it the bound."""
+    quiet = opened(tmp_path, "cd")
+    busy = opened(tmp_path, "ab")
+    keep(busy, 40)
+    assert busy.disk.drain(10)
+    assert on_disk(busy) > BOUND * 3 // 4 and tree_bytes(tmp_path) <= BOUND
+    busy.close()
+    quiet.close()
 
 
 def test_models_not_loaded_make_room_oldest_first(tmp_path):
