@@ -76,6 +76,8 @@ def open_store(config: PromptCacheConfig | None, runner_config, runner) -> Promp
         return None
     disk = None
     if config.directory and config.disk_bytes > 0:
-        disk = DiskTier(Path(config.directory), layout_for(config, runner_config, runner),
-                        config.disk_bytes)  # fmt: skip
+        directory = Path(config.directory)
+        # The bound is the box's: every worker's directory under the data directory's one.
+        disk = DiskTier(directory, layout_for(config, runner_config, runner), config.disk_bytes,
+                        box_root=directory.parent)  # fmt: skip
     return PromptStore(config.ram_bytes, disk).open()

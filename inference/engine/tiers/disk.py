@@ -48,10 +48,14 @@ class DiskResult:
 
 
 class DiskTier:
-    def __init__(self, root: Path, layout: KvLayout, bound: int):
+    def __init__(self, root: Path, layout: KvLayout, bound: int, *,
+                 box_root: Path | None = None):  # fmt: skip
+        """`root`: the worker's directory of kept prompts; `bound`: bytes, for every directory
+        under `box_root` together (the directory of every worker's on this box; root alone
+        when None)."""
         self.root = Path(root)
         self.layout = layout
-        self.bound = bound  # bytes, for every model's directory under root together
+        self.bound = bound
         self.directory = self.root / layout.model_key / layout.digest
         # The entries' bytes (their states) this directory may hold now: its share of the
         # bound less its files' headers and token ids, and room for the next one's.
@@ -60,7 +64,7 @@ class DiskTier:
         self.notify: Callable[[DiskResult], None] = lambda result: None
         # Told when the budget shrank (another runner opened): the store trims to it.
         self.shrunk: Callable[[], None] = lambda: None
-        self._ledger = Ledger(self.root, self.directory, bound)
+        self._ledger = Ledger(Path(box_root or root), self.directory, bound)
         self._files: dict[str, tuple[int, int]] = {}  # entry id -> (file bytes, state bytes)
         self._refreshed_at = 0.0  # when the share was read last (disk thread)
         self._lock_handle = None
@@ -186,7 +190,7 @@ class DiskTier:
         try:
             self._ledger.refresh()
         except OSError as exc:
-            log.warning("kept prompts: cannot read the disk ledger under %s: %s", self.root, exc)
+            log.warning("kept prompts: cannot read the disk ledger: %s", exc)
             return
         self._new_budget()
 
@@ -198,8 +202,7 @@ class DiskTier:
             try:
                 self._ledger.close(self._held())
             except OSError as exc:
-                log.warning("kept prompts: cannot write the disk ledger under %s: %s",
-                            self.root, exc)  # fmt: skip
+                log.warning("kept prompts: cannot write the disk ledger: %s", exc)
         if self._lock_handle is not None:
             self._lock_handle.close()
             self._lock_handle = None

@@ -1,8 +1,9 @@
 """The disk bound of a tree of kept prompts, held at every moment by all its runners together.
 
-The tree `<root>/<model key>/<layout>/` holds every model's kept prompts of one worker, on a
-disk that also holds the database and the models. What its directories take is written in one
-small file, `<root>/.usage` (JSON: directory -> bytes), read and changed only under an
+The tree `<root>/<worker>/<model key>/<layout>/` (`$APPLIANCE_DATA_DIR/kv-cache/`) holds the kept
+prompts of every model and every worker of the box that share its data directory, on a disk
+that also holds the database and the models. What its layout directories take is written in
+one small file, `<root>/.usage` (JSON: directory -> bytes), read and changed only under an
 exclusive lock on `<root>/.usage.lock`, by the disk thread of each runner (DiskTier):
 
 1. A write reserves its file's size first (`reserve`). When the tree would pass the bound, the
@@ -66,6 +67,7 @@ class Ledger:
     def __init__(self, root: Path, directory: Path, bound: int):
         self.root = Path(root)
         self.name = Path(directory).relative_to(self.root).as_posix()
+        self._depth = len(Path(self.name).parts)  # where layout directories are in the tree
         self.bound = bound
         self.share = bound  # what this runner's directory may hold now (3.)
         self._foreign: set[str] = set()  # directories already logged as unusable
@@ -122,7 +124,7 @@ class Ledger:
         with tree_locked(self.root):
             tree = self._read()
             was = (dict(tree.bytes), set(tree.wanting))
-            for directory in _directories(self.root):
+            for directory in _directories(self.root, self._depth):
                 name = directory.relative_to(self.root).as_posix()
                 tree.alive[name] = True if name == self.name else self._probe(name, directory)
                 if name not in tree.bytes:  # new to the ledger: a fresh tree, or unreadable
@@ -220,11 +222,11 @@ class Ledger:
         os.replace(temporary, self.root / LEDGER)
 
 
-def _directories(root: Path) -> list[Path]:
-    """Every layout directory of the tree (<model key>/<layout>)."""
-    found = []
-    for model_dir in _subdirectories(root):
-        found += _subdirectories(model_dir)
+def _directories(root: Path, depth: int) -> list[Path]:
+    """Every layout directory of the tree, `depth` levels down ([<worker>/]<model key>/<layout>)."""
+    found = [root]
+    for _ in range(depth):
+        found = [sub for path in found for sub in _subdirectories(path)]
     return found
 
 

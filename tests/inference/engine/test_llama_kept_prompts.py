@@ -101,7 +101,8 @@ def test_a_reload_with_another_context_and_offload_restores_what_the_last_load_k
     """The preflight or a client's num_ctx reloads a model with another context: what it kept
     on disk restores into the new one (llama.cpp takes a state into any context it fits), and
     the answer is the one the last load gave."""
-    config = PromptCacheConfig(str(tmp_path), ram_bytes=1 << 30, disk_bytes=1 << 30)
+    config = PromptCacheConfig(str(tmp_path / "embedded"), ram_bytes=1 << 30,
+                               disk_bytes=1 << 30)  # fmt: skip
     request = dict(cache_key="c", cache_partition="p")
     question = prompt(1, "When does the heating run?")
 
