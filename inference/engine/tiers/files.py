@@ -9,11 +9,10 @@ The header names the layout (entries.KvLayout), the partition and conversation, 
 count and their crc32, the payload's length and crc32. `read_header` accepts a file only when
 its header parses to an object, its checksum holds, its layout matches the expected one where
 a restore depends on it (KvLayout.key), its size is exactly what the header says and its token
-ids match their checksum; `read_payload` only when
-the payload matches its checksum. Anything else raises BadEntry, and the caller deletes the
-file: it is never handed to llama.cpp. Files are written under a temporary name and renamed,
-so a runner killed mid-write leaves a `.tmp` file (removed at the next open), never a short
-entry under a real name.
+ids match their checksum; `read_payload` only when the payload matches its checksum. Anything
+else raises BadEntry, and the caller deletes the file: it is never handed to llama.cpp. Files
+are written under a temporary name and renamed, so a runner killed mid-write leaves a `.tmp`
+file (removed at the next open of any model: ledger), never a short entry under a real name.
 
 The directory of one model and layout is `<root>/<model key>/<layout digest>/`; a runner holds
 an exclusive lock on it (`lock`) while it is loaded, so two runners never write one directory
