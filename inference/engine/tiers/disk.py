@@ -140,7 +140,8 @@ class DiskTier:
             self._files[header.id] = (path.stat().st_size, header.payload_bytes)
         if dropped:
             self.note = "dropped " + ", ".join(
-                f"{n} {'entry' if n == 1 else 'entries'}: {why}" for why, n in dropped.items())
+                f"{n} {'entry' if n == 1 else 'entries'}: {why}" for why, n in dropped.items()
+            )
             log.info("kept prompts of %s: %s", self.layout.model_key[:12], self.note)
         # Most recently written last, so the store's LRU order starts as the disk's.
         entries.sort(key=lambda e: _mtime(files.entry_path(self.directory, e.id)))
@@ -223,8 +224,10 @@ class DiskTier:
                 result = self._run(op, entry, data, started)
             except Exception as exc:  # noqa: BLE001 - a job's failure is a result, not a crash
                 log.exception("kept prompt %s: %s failed", entry.id, op)
-                result = None if op == "delete" else DiskResult(
-                    op, entry, False, time.perf_counter() - started, error=str(exc))
+                seconds = time.perf_counter() - started
+                # A deletion's failure is the log line alone: nothing waits for it.
+                result = None if op == "delete" else DiskResult(op, entry, False, seconds,
+                                                                error=str(exc))  # fmt: skip
             if result is not None:
                 try:
                     self.notify(result)

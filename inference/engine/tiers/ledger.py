@@ -144,9 +144,10 @@ class Ledger:
         """Its fair share at least; more where the other runners alive leave it, unless they
         want their fair share (3.)."""
         fair = self._fair(tree)
-        others = sum(max(tree.bytes.get(name, 0), fair if name in tree.wanting else 0)
-                     for name, live in tree.alive.items() if live and name != self.name)
-        return max(fair, self.bound - others)
+        others = [name for name, live in tree.alive.items() if live and name != self.name]
+        taken = sum(max(tree.bytes.get(name, 0), fair if name in tree.wanting else 0)
+                    for name in others)  # fmt: skip
+        return max(fair, self.bound - taken)
 
     def _fit(self, tree: Tree) -> None:
         """The oldest files of idle directories go until the tree is within the bound."""

@@ -13,7 +13,8 @@ STATE = 2_000  # an entry's state; its file is ~2.5 KB with its header and token
 
 def model_layout(model: str) -> KvLayout:
     return KvLayout(model=model * 32, file_size=1000, file_mtime_ns=1, ctx_per_seq=256,
-                    kv_type="f16", flash_attn=True, n_gpu_layers=-1, state_format="fake 1")
+                    kv_type="f16", flash_attn=True, n_gpu_layers=-1,
+                    state_format="fake 1")  # fmt: skip
 
 
 def tree_bytes(root: Path) -> int:

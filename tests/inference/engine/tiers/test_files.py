@@ -29,8 +29,9 @@ def test_an_entry_reads_back_as_it_was_written(tmp_path, layout):
     assert files.read_payload(path, layout, kept) == bytearray(b"state" * 100)
 
 
-@pytest.mark.parametrize("setting", ["model", "file_mtime_ns", "kv_type", "flash_attn",
-                                     "state_format"])
+@pytest.mark.parametrize(
+    "setting", ["model", "file_mtime_ns", "kv_type", "flash_attn", "state_format"]
+)
 def test_an_entry_of_another_layout_is_refused(tmp_path, layout, setting):
     _, path = written(tmp_path, layout)
     value = getattr(layout, setting)
