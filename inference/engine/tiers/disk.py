@@ -199,9 +199,10 @@ class DiskTier:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join(5)
-            self._thread = None
+            stopped, self._thread = not self._thread.is_alive(), None
             try:
-                self._ledger.close(self._held())
+                if stopped:  # else what it holds is its own to say, when its job ends
+                    self._ledger.close(self._held())
             except OSError as exc:
                 log.warning("kept prompts: cannot write the disk ledger: %s", exc)
         if self._lock_handle is not None:
