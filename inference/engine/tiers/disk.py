@@ -7,7 +7,9 @@ through `notify` (the engine puts them on its inbox and the store applies them b
 lock, removes what a killed runner left (`.tmp` files), indexes the entries, checking every
 header, and joins the tree's ledger (ledger.Ledger: the bound is the box's, shared by the
 runners alive, and each write reserves its bytes first). Entries of other load settings of the
-same model stay in their own directories, within the bound, for when those settings come back.
+same model stay in their own directories, within the bound, for when those settings come back;
+those a directory of this layout's key holds under its name from before (when the context and
+GPU offload were in it) move into this one.
 
 An entry dropped at open (unreadable, or longer than this load's context) is said in `note`,
 which the model page shows. Every failure is a log line and a cold read, never a crash: a full
@@ -17,6 +19,7 @@ disk tier), one that is another user's (left alone).
 """
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -93,6 +96,7 @@ class DiskTier:
             files.mark(self._lock_handle, "serving")
             for leftover in self.directory.glob(f"*{files.TEMPORARY}"):
                 leftover.unlink(missing_ok=True)
+            self._adopt_earlier_directories()
             entries = self._index()
             self._ledger.open(self._held())
         except OSError as exc:
@@ -114,6 +118,39 @@ class DiskTier:
         same model started meanwhile takes the directory over when this one lets go."""
         if self._lock_handle is not None:
             files.mark(self._lock_handle, "flushing")
+
+    def _adopt_earlier_directories(self) -> None:
+        """Entries of this layout's key in another directory of the model (named as before the
+        context and the GPU offload left the name) move here, once; a directory of other
+        settings is left as it is (one entry's header says which it is)."""
+        for other in sorted(self.directory.parent.iterdir()):
+            if other == self.directory or not other.is_dir():
+                continue
+            try:
+                self._adopt(other)
+            except OSError as exc:  # another user's, say: the ledger logs it and leaves it
+                log.debug("kept prompts: %s not taken over: %s", other, exc)
+
+    def _adopt(self, other: Path) -> None:
+        sample = next(iter(files.entry_files(other)), None)
+        try:
+            if sample is None:
+                return
+            files.read_header(sample, self.layout)
+        except files.BadEntry:
+            return
+        held = files.lock(other)
+        if held is None:
+            return
+        try:
+            moved = 0
+            for path in files.entry_files(other):
+                os.replace(path, self.directory / path.name)
+                moved += 1
+            log.info("kept prompts of %s: %d entries taken over from %s",
+                     self.layout.model_key[:12], moved, other.name)  # fmt: skip
+        finally:
+            held.close()
 
     def _index(self) -> list[KvEntry]:
         """The directory's entries, checked; those this load cannot use are deleted and said

@@ -99,6 +99,21 @@ def test_entries_of_other_load_settings_wait_on_disk_for_them(tmp_path, layout):
     back.close()
 
 
+def test_entries_from_before_layouts_were_named_by_their_key_are_taken_over(tmp_path, layout):
+    """Before, a directory's name said the context and offload too: what such a directory
+    holds for this model, KV type and format is found by the next load."""
+    earlier = dataclasses.replace(layout, ctx_per_seq=512)
+    kept = spilled(tmp_path, earlier)
+    named_before = tmp_path / layout.model_key / "0123456789abcdef"  # another digest
+    (tmp_path / layout.model_key / layout.digest).rename(named_before)
+    other_kv = spilled(tmp_path, dataclasses.replace(layout, kv_type="q8_0"))
+    store = opened(tmp_path, layout)
+    assert {e.id for e in store.held()} == {e.id for e in kept}
+    assert not list(named_before.glob("*.kv"))
+    assert all(e.id not in {h.id for h in store.held()} for e in other_kv)  # left in its own
+    store.close()
+
+
 def test_a_model_file_replaced_under_the_same_name_finds_nothing(tmp_path, layout):
     spilled(tmp_path, layout)
     replaced = dataclasses.replace(layout, file_size=layout.file_size + 1, file_mtime_ns=99)
