@@ -7,16 +7,18 @@ An entry file:
 
 The header names the layout (entries.KvLayout), the partition and conversation, the token
 count and their crc32, the payload's length and crc32. `read_header` accepts a file only when
-its header parses, its checksum holds, its layout is exactly the expected one, its size is
-exactly what the header says and its token ids match their checksum; `read_payload` only when
-the payload matches its checksum. Anything else raises BadEntry, and the caller deletes the
-file: it is never handed to llama.cpp. Files are written under a temporary name and renamed,
-so a runner killed mid-write leaves a `.tmp` file (removed at the next open), never a short
-entry under a real name.
+its header parses to an object, its checksum holds, its layout matches the expected one where
+a restore depends on it (KvLayout.key), its size is exactly what the header says and its token
+ids match their checksum; `read_payload` only when the payload matches its checksum. Anything
+else raises BadEntry, and the caller deletes the file: it is never handed to llama.cpp. Files
+are written under a temporary name and renamed, so a runner killed mid-write leaves a `.tmp`
+file (removed at the next open of any model: ledger), never a short entry under a real name.
 
 The directory of one model and layout is `<root>/<model key>/<layout digest>/`; a runner holds
 an exclusive lock on it (`lock`) while it is loaded, so two runners never write one directory
-and a page forgetting prompts never deletes files a runner is using.
+and a page forgetting prompts never deletes files a runner is using. Whoever only asks whether
+a runner holds it (`is_locked`) takes a shared lock for that moment: a runner taking the
+directory then waits out the probe instead of taking it for held.
 """
 
 import errno
@@ -27,6 +29,7 @@ import shutil
 import struct
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +40,15 @@ from inference.engine.tiers.entries import KvEntry, KvLayout
 MAGIC = b"APKV"
 FORMAT = 1
 SUFFIX = ".kv"
+TEMPORARY = ".tmp"
 LOCK_NAME = ".lock"
 MAX_HEADER = 64 << 10  # partition and key are bounded (GenerationRequest), so this is ample
+# A header's size with its layout, partition and conversation (each at most 256 characters,
+# though JSON may escape them): what an entry's file takes beyond its token ids and state.
+HEADER_ROOM = 4 << 10
+_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+# How long a runner taking its directory waits out probes (each holds it for microseconds).
+PROBE_WAIT_S = 1.0
 _PREFIX = struct.Struct("<4sHHI")  # magic, format, reserved, header length
 _CRC = struct.Struct("<I")
 
@@ -62,22 +72,35 @@ def entry_path(directory: Path, entry_id: str) -> Path:
     return directory / f"{entry_id}{SUFFIX}"
 
 
-def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) -> int:
-    """Write `entry` with its state `data`; returns the bytes written. Raises OSError (a full
-    disk: the temporary file is removed and nothing is left behind)."""
-    tokens = np.ascontiguousarray(entry.tokens, dtype="<i4").tobytes()
-    header = json.dumps({
+def _header(layout: KvLayout, entry: KvEntry, tokens_crc: int, n_payload: int,
+            payload_crc: int) -> bytes:  # fmt: skip
+    return json.dumps({
         "layout": layout.as_dict(),
         "id": entry.id,
         "partition": entry.partition,
         "cache_key": entry.cache_key,
         "n_tokens": entry.n_tokens,
-        "tokens_crc": zlib.crc32(tokens),
-        "payload_bytes": len(data),
-        "payload_crc": zlib.crc32(data),
+        "tokens_crc": tokens_crc,
+        "payload_bytes": n_payload,
+        "payload_crc": payload_crc,
     }, sort_keys=True).encode()  # fmt: skip
+
+
+def entry_size(layout: KvLayout, entry: KvEntry, n_payload: int) -> int:
+    """The bytes `entry`'s file will take, at most (its checksums written at their widest),
+    known before its state is read for checksums: what a write reserves (ledger.Ledger)."""
+    widest = 0xFFFFFFFF
+    header = _header(layout, entry, widest, n_payload, widest)
+    return _PREFIX.size + len(header) + _CRC.size + 4 * entry.n_tokens + n_payload
+
+
+def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) -> int:
+    """Write `entry` with its state `data`; returns the bytes written. Raises OSError (a full
+    disk: the temporary file is removed and nothing is left behind)."""
+    tokens = np.ascontiguousarray(entry.tokens, dtype="<i4").tobytes()
+    header = _header(layout, entry, zlib.crc32(tokens), len(data), zlib.crc32(data))
     final = entry_path(directory, entry.id)
-    temporary = final.with_suffix(".tmp")
+    temporary = final.with_suffix(TEMPORARY)
     try:
         # Conversation text: readable by the appliance's own user only.
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -114,7 +137,10 @@ def read_header(path: Path, layout: KvLayout) -> EntryHeader:
             if _CRC.unpack(crc)[0] != zlib.crc32(header):
                 raise BadEntry("its header fails its checksum")
             fields = json.loads(header)
-            if fields.get("layout") != layout.as_dict():
+            if not isinstance(fields, dict):
+                raise BadEntry("its header is not an entry's")
+            saved = fields.get("layout")
+            if not isinstance(saved, dict) or not layout.restores(saved):
                 raise BadEntry("saved with another model file or other load settings")
             n_tokens, payload_bytes = _count(fields, "n_tokens"), _count(fields, "payload_bytes")
             offset = _PREFIX.size + header_len + _CRC.size + 4 * n_tokens
@@ -159,17 +185,34 @@ def read_payload(path: Path, layout: KvLayout, entry: KvEntry) -> bytearray:
 
 def lock(directory: Path):
     """An exclusive lock on a layout directory (the open file holds it), or None when another
-    process holds it."""
+    runner holds it. Probes (`is_locked`) hold a shared lock for a moment: while only they are
+    there, this waits them out (up to PROBE_WAIT_S) rather than read them as a runner."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     handle = open(directory / LOCK_NAME, "a+b")  # noqa: SIM115 - held for the runner's life
+    deadline = time.monotonic() + PROBE_WAIT_S
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+        while True:
+            if _try_flock(handle, fcntl.LOCK_EX):
+                return handle
+            # A runner's exclusive lock excludes a shared one too; probes' shared ones do not.
+            if not _try_flock(handle, fcntl.LOCK_SH) or time.monotonic() >= deadline:
+                handle.close()
+                return None
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            time.sleep(0.001)
+    except BaseException:
         handle.close()
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            return None
         raise
-    return handle
+
+
+def _try_flock(handle, kind: int) -> bool:
+    try:
+        fcntl.flock(handle, kind | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in _BUSY:
+            return False
+        raise
+    return True
 
 
 def mark(handle, state: str) -> None:
@@ -189,14 +232,12 @@ def marked(directory: Path) -> str:
 
 
 def is_locked(directory: Path) -> bool:
-    """Whether a runner holds this layout directory now."""
+    """Whether a runner holds this layout directory now (a shared lock for the moment: see
+    `lock`). Raises OSError for a directory this process cannot use (another user's)."""
     if not directory.is_dir():
         return False
-    handle = lock(directory)
-    if handle is None:
-        return True
-    handle.close()
-    return False
+    with open(directory / LOCK_NAME, "a+b") as handle:
+        return not _try_flock(handle, fcntl.LOCK_SH)
 
 
 def forget(worker_dir: Path, *, model_key: str | None = None, partition: str | None = None,
@@ -270,6 +311,21 @@ def _header_of(path: Path) -> dict | None:
             return fields if isinstance(fields, dict) else None
     except (OSError, ValueError, struct.error):
         return None
+
+
+def stored(directory: Path) -> Iterator[tuple[int, int, Path]]:
+    """(modification time, size, path) of every entry and temporary file in a directory:
+    what it takes on the disk. Files that vanish meanwhile are skipped."""
+    try:
+        paths = [p for p in directory.iterdir() if p.suffix in (SUFFIX, TEMPORARY)]
+    except OSError:  # gone, or another user's: nothing this process can count or remove
+        return
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        yield stat.st_mtime_ns, stat.st_size, path
 
 
 def entry_files(directory: Path) -> list[Path]:

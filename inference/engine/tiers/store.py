@@ -142,6 +142,7 @@ class PromptStore:
     def _attach(self, disk: DiskTier, found: list[KvEntry]) -> None:
         disk.notify = self._disk_done
         disk.admit_read = self._admit_read
+        disk.shrunk = self._fit_disk
         too_large = 0
         with self._lock:
             for entry in found:
@@ -160,6 +161,12 @@ class PromptStore:
                  len(found), self.disk_used >> 20,
                  f"; {too_large} larger than the RAM tier stay there unused" if too_large
                  else "")  # fmt: skip
+
+    def _fit_disk(self) -> None:
+        """(The disk thread.) The disk's share shrank (a runner opened beside this one): the
+        least recently used entries leave the disk until it fits."""
+        with self._lock:
+            self._trim_disk(0)
 
     @property
     def enabled(self) -> bool:
@@ -531,6 +538,7 @@ class PromptStore:
                         "peak": self.ram_peak},
                 "disk": {"bytes": self.disk_used, "entries": on_disk,
                          "bound": self.disk.budget if self.disk is not None else 0,
-                         "enabled": self.disk is not None},
+                         "enabled": self.disk is not None,
+                         "note": self.disk.note if self.disk is not None else ""},
                 **self.counts,
             }  # fmt: skip

@@ -1,7 +1,9 @@
 """Warm memory in the engine: what sequences have read outlives their slots, their runner and
 the process, and comes back only to its own partition, never as a wrong answer."""
 
+import dataclasses
 import logging
+import threading
 import time
 
 import pytest
@@ -14,8 +16,10 @@ from inference.engine.request import Request, Status
 from inference.engine.scheduler import Scheduler
 from inference.engine.tiers import KvLayout, PromptStore, RestoreCosts
 from inference.engine.tiers.disk import DiskTier
+from inference.engine.tiers.ledger import tree_locked
 
 from .fakes import FakeRunner, alone_output, ask
+from .tiers.runners import directory_bytes
 
 LAYOUT = KvLayout("ef" * 32, 1, 1, 256, "f16", True, -1, FakeRunner.state_format)
 SYSTEM = "The house: kitchen light, hall light, heating, front door lock. "
@@ -115,6 +119,43 @@ def test_spilled_prompts_come_back_from_disk_while_serving(tmp_path):
     stats = engine.snapshot()["prompt_cache"]
     assert stats["ram"]["peak"] <= 1_000 and stats["fetched"] > 0
     stop(engine)
+
+
+def test_two_models_swapped_while_one_flushes_keep_the_disk_within_its_bound(tmp_path):
+    """Two models loaded, then one unloaded (its runner writes its RAM tier to disk) while a
+    third loads and serves: the tree of kept prompts, measured all along, stays in the bound."""
+    bound = 40_000
+
+    def load(model: str) -> Engine:
+        layout = dataclasses.replace(LAYOUT, model=model * 32)
+        store = PromptStore(4_000, DiskTier(tmp_path, layout, bound)).open()
+        fake = FakeRunner(n_slots=1, n_ctx=256, per_token=0.0001)
+        return Engine(fake, prompts=store, itl_target=1.0).start()
+
+    peak, measuring = [0], threading.Event()
+
+    def measure():
+        while not measuring.is_set():
+            with tree_locked(tmp_path):  # nothing is reserved meanwhile: a sound reading
+                held = sum(directory_bytes(d) for d in tmp_path.glob("*/*"))
+            peak[0] = max(peak[0], held)
+            time.sleep(0.01)
+
+    monitor = threading.Thread(target=measure)
+    monitor.start()
+    first, second = load("ab"), load("cd")
+    round_robin(first, conversations(16), turns=2)
+    round_robin(second, conversations(16), turns=2)
+    unloading = threading.Thread(target=stop, args=(first,))
+    unloading.start()  # its flush runs while the next model loads and serves
+    third = load("ef")
+    round_robin(third, conversations(16), turns=2)
+    unloading.join(30)
+    stop(second)
+    stop(third)
+    measuring.set()
+    monitor.join(5)
+    assert 0 < peak[0] <= bound
 
 
 def test_a_restore_llama_cpp_refuses_is_a_cold_read_with_the_same_answer(caplog):
