@@ -5,8 +5,10 @@ hit being fetched for a restore) are jobs for this tier's thread, whose results 
 through `notify` (the engine puts them on its inbox and the store applies them between steps).
 `open()` is the exception: at load, before the runner says it is ready, it takes the directory's
 lock, removes what a killed runner left (`.tmp` files) and the entries of other layouts of the
-same model (saved with other settings or another file), makes room under the box's bound among
-other models' directories, and indexes what is left, checking every header.
+same model (saved with other settings or another file), deletes what recorded forgets cover
+(tiers.forgets), makes room under the box's bound among other models' directories, and indexes
+what is left, checking every header. While idle, the thread looks at the log of forgets and
+tells the store (`on_idle`), which applies new ones and has the thread say so (`acknowledge`).
 
 Every failure is a log line and a cold read, never a crash: a full disk while spilling, a file
 deleted or corrupted behind the appliance's back (its fetch fails its checks; the entry is
@@ -22,10 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.engine.tiers import files
+from inference.engine.tiers import files, forgets
 from inference.engine.tiers.entries import KvEntry, KvLayout
 
 log = logging.getLogger(__name__)
+
+IDLE_POLL_S = 0.25  # how often an idle disk thread looks for new forgets (a stat)
 
 
 @dataclass(slots=True, frozen=True)
@@ -49,6 +53,8 @@ class DiskTier:
         self.directory = self.root / layout.model_key / layout.digest
         self.budget = bound  # what this directory may hold (open() takes the others off)
         self.notify: Callable[[DiskResult], None] = lambda result: None
+        self.on_idle: Callable[[], None] = lambda: None  # the store's look for new forgets
+        self.forgets_seen = 0  # the latest forget open() applied to the files (tiers.forgets)
         self._lock_handle = None
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Condition()
@@ -75,7 +81,7 @@ class DiskTier:
         for leftover in self.directory.glob("*.tmp"):
             leftover.unlink(missing_ok=True)
         self._drop_other_layouts()
-        entries = self._index()
+        entries = self._index(self._forgets_to_apply())
         mine = sum(e.n_bytes for e in entries)
         self.budget = max(0, self.bound - self._make_room_elsewhere(mine))
         self._thread = threading.Thread(target=self._work, name="kv-disk", daemon=True)
@@ -100,7 +106,14 @@ class DiskTier:
                          self.layout.model_key[:12], other.name)  # fmt: skip
                 shutil.rmtree(other, ignore_errors=True)
 
-    def _index(self) -> list[KvEntry]:
+    def _forgets_to_apply(self) -> list[forgets.Forget]:
+        """The recorded forgets of this model that this directory has not applied yet."""
+        done = forgets.applied(self.directory)
+        recorded = forgets.read(self.root, after=done)
+        self.forgets_seen = max([done] + [f.seq for f in recorded])
+        return [f for f in recorded if f.concerns(self.layout.model_key)]
+
+    def _index(self, forgotten: list[forgets.Forget]) -> list[KvEntry]:
         entries = []
         for path in files.entry_files(self.directory):
             try:
@@ -108,6 +121,9 @@ class DiskTier:
             except files.BadEntry as exc:
                 log.warning("deleting kept prompt %s: %s", path.name, exc)
                 path.unlink(missing_ok=True)
+                continue
+            if any(f.covers(self.layout.model_key, header.partition) for f in forgotten):
+                path.unlink(missing_ok=True)  # forgotten while a runner held it, or killed
                 continue
             if path.stem != header.id:
                 log.warning("deleting kept prompt %s: it is named for another entry", path.name)
@@ -156,6 +172,11 @@ class DiskTier:
     def delete(self, entry: KvEntry) -> None:
         self._submit(("delete", entry, None))
 
+    def acknowledge(self, seq: int) -> None:
+        """Say in the directory that its entries are forgotten up to `seq`, once the jobs
+        queued so far are done (the deletions of what those forgets dropped among them)."""
+        self._submit(("acknowledge", None, seq))
+
     def _submit(self, job: tuple) -> None:
         with self._idle:
             self._busy += 1
@@ -182,7 +203,7 @@ class DiskTier:
             self._lock_handle = None
 
     def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while (job := self._next_job()) is not None:
             op, entry, data = job
             started = time.perf_counter()
             try:
@@ -199,7 +220,20 @@ class DiskTier:
                 self._busy -= 1
                 self._idle.notify_all()
 
+    def _next_job(self) -> tuple | None:
+        while True:
+            try:
+                return self._jobs.get(timeout=IDLE_POLL_S)
+            except queue.Empty:
+                try:
+                    self.on_idle()
+                except Exception:  # noqa: BLE001 - the next look tries again
+                    log.exception("looking for forgotten prompts")
+
     def _run(self, op: str, entry: KvEntry, data, started: float) -> DiskResult | None:
+        if op == "acknowledge":
+            forgets.mark_applied(self.directory, data)
+            return None
         path = files.entry_path(self.directory, entry.id)
         if op == "delete":
             path.unlink(missing_ok=True)
