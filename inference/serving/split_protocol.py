@@ -18,6 +18,10 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
     appliance:priority                pub/sub: {"request_id", "priority"} (JSON), a running
                                       request's new priority; workers without it ignore it
     appliance:control                 pub/sub: load/unload commands, heard by every worker
+    appliance:forgets                 the latest MAX_FORGETS "forget" control commands (JSON),
+                                      each numbered ("n") from appliance:forgets:next before it
+                                      is broadcast: a worker that was away does them when it is
+                                      back (worker_control.catch_up_forgets)
     appliance:copy:…                  a model copied to a box: its one-time tokens and each
                                       worker's progress (inference.serving.copies has them)
 
@@ -95,6 +99,11 @@ def claimed_key(request_id: str) -> str:
 
 def closed_key(request_id: str) -> str:
     return f"{PREFIX}:req:{request_id}:closed"
+
+
+FORGETS = f"{PREFIX}:forgets"
+FORGETS_NEXT = f"{PREFIX}:forgets:next"
+MAX_FORGETS = 1000  # a box away for more than this many forgets forgets all it keeps
 
 
 def _channel(name: str, client: redis.Redis) -> str:
