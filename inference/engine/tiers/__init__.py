@@ -10,6 +10,7 @@ costs less than reading it again.
     entries  what an entry is: its layout (what must match for a restore), tokens, bytes
     store    the two tiers' bookkeeping: lookup, put, bounds, forget (engine thread only)
     files    the disk format of one entry and the directory of a model's entries
+    forgets  forgets written down before they are done, applied by whoever holds the entries
     disk     the disk tier: the directory, its bound, and the I/O thread that reads and writes
     costs    restore or recompute, from measured rates
 """

@@ -69,14 +69,15 @@ def record(worker_dir: Path, *, partition: str | None = None, models=(),
     Forget(0, partition, tuple(models), everything)  # checked before anything is written
     worker_dir = Path(worker_dir)
     worker_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with _locked_log(worker_dir) as log:
-        log.seek(0)
-        last = _last_seq(_parse(log.read()))
-        forget = Forget(last + 1, partition, tuple(sorted(set(models))), everything)
-        log.seek(0, os.SEEK_END)
-        log.write((forget.as_json() + "\n").encode())
-        log.flush()
-        os.fsync(log.fileno())
+    with _locked_log(worker_dir) as handle:
+        handle.seek(0)
+        latest = _last_seq(_parse(handle.read()))
+        forget = Forget(latest + 1, partition, tuple(sorted(set(models))), everything)
+        handle.seek(0, os.SEEK_END)
+        handle.write((forget.as_json() + "\n").encode())
+        handle.flush()
+        os.fsync(handle.fileno())
+    _sync_directory(worker_dir)  # a log just made is there after a power cut too
     return forget
 
 
@@ -97,9 +98,9 @@ def last(worker_dir: Path) -> int:
 def compact(worker_dir: Path, upto: int) -> None:
     """Drop the records up to `upto` that every directory has applied, keeping the latest one
     (its number is where the next one counts from)."""
-    with _locked_log(Path(worker_dir)) as log:
-        log.seek(0)
-        kept = _parse(log.read())
+    with _locked_log(Path(worker_dir)) as handle:
+        handle.seek(0)
+        kept = _parse(handle.read())
         if not kept:
             return
         kept = [f for f in kept if f.seq > upto] or kept[-1:]
@@ -173,6 +174,14 @@ class _locked_log:
 
     def __exit__(self, *exc) -> None:
         self.handle.close()
+
+
+def _sync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _parse(text: bytes) -> list[Forget]:

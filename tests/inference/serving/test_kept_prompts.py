@@ -13,7 +13,7 @@ from inference.engine.engine import Engine
 from inference.engine.host import EngineHost, ModelSpec
 from inference.engine.params import SamplingParams
 from inference.engine.runner_config import RunnerConfig
-from inference.engine.tiers import KvLayout, PromptStore, files, forgets
+from inference.engine.tiers import KvLayout, PromptStore, files
 from inference.engine.tiers.disk import DiskTier
 from inference.serving import kept_prompts
 from inference.serving.kept_prompts import forget
@@ -197,12 +197,3 @@ def test_a_models_prompts_kept_before_its_digest_was_known_are_forgotten_with_it
     assert forget(host, tmp_path, model=model, everything=True).on_disk == 2
     assert partitions_on_disk(tmp_path) == []
 
-
-def test_forgets_are_recorded_in_order_and_a_torn_last_line_is_skipped(tmp_path):
-    forgets.record(tmp_path, partition="apikey:1")
-    forgets.record(tmp_path, models=[SHA], everything=True)
-    with open(tmp_path / forgets.LOG_NAME, "ab") as log:
-        log.write(b'{"seq": 3, "partit')  # a writer killed mid-line never answered
-    assert [(f.seq, f.partition, f.models) for f in forgets.read(tmp_path)] == [
-        (1, "apikey:1", ()), (2, None, (SHA,))]  # fmt: skip
-    assert forgets.record(tmp_path, partition="apikey:3").seq == 3
