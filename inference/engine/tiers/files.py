@@ -253,6 +253,9 @@ def _forget_unheld(worker_dir: Path, directory: Path) -> int | None:
     if handle is None:
         return None
     try:
+        # A runner starting meanwhile takes the directory over once this lets go (as from a
+        # runner writing its RAM tier), instead of keeping its prompts in RAM only.
+        mark(handle, "flushing")
         done = forgets.applied(directory)
         recorded = forgets.read(worker_dir, after=done)
         if not recorded:
