@@ -169,6 +169,25 @@ def test_a_takeover_that_wins_the_lock_from_a_forget_forgets_too(tmp_path, host,
     starting.close()
 
 
+def test_a_runner_starting_while_a_forget_holds_its_directory_takes_it_over_after(
+    tmp_path, host, monkeypatch
+):
+    kept_on_disk(tmp_path, SHA, ["apikey:1", "apikey:2"])
+    mark, started = files.mark, []
+
+    def a_runner_starts(handle, state: str) -> None:
+        mark(handle, state)
+        if not started:  # the forget has the lock now
+            started.append(PromptStore(1 << 20, DiskTier(tmp_path, layout(SHA), 1 << 30)).open())
+
+    monkeypatch.setattr(files, "mark", a_runner_starts)
+    forget(host, tmp_path, partition="apikey:1")
+    (starting,) = started
+    assert wait_until(lambda: starting.disk is not None)  # not RAM only for its whole life
+    assert [e.partition for e in starting.held()] == ["apikey:2"]
+    starting.close()
+
+
 def test_a_runner_killed_before_its_deletes_ran_brings_nothing_back(tmp_path, monkeypatch):
     monkeypatch.setattr(kept_prompts, "FLUSH_S", 0.5)
     kept_on_disk(tmp_path, SHA, ["apikey:1", "apikey:2"])
@@ -196,4 +215,3 @@ def test_a_models_prompts_kept_before_its_digest_was_known_are_forgotten_with_it
     model = ModelSpec("m", RunnerConfig(model_path="/models/m.gguf"), sha256=SHA)
     assert forget(host, tmp_path, model=model, everything=True).on_disk == 2
     assert partitions_on_disk(tmp_path) == []
-
