@@ -556,14 +556,9 @@ class SplitClient:
     def _record_forget(self, command: dict) -> int:
         """(In a thread.) Number a forget and keep it among the latest (split_protocol)."""
         try:
-            n = int(self.redis.incr(protocol.FORGETS_NEXT))
-            with self.redis.pipeline() as pipe:
-                pipe.rpush(protocol.FORGETS, json.dumps({**command, "n": n}))
-                pipe.ltrim(protocol.FORGETS, -protocol.MAX_FORGETS, -1)
-                pipe.execute()
+            return protocol.keep_forget(self.redis, command)
         except redis.RedisError as exc:
             raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
-        return n
 
     def reload_previous(self) -> None:
         """Each inference worker loads again what it had loaded (WorkerRuntime.start)."""

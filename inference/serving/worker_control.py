@@ -97,15 +97,7 @@ def catch_up_forgets(
         return 0
     with _forgets_in_order:
         heard = _heard(prompts_dir)
-        kept = []
-        for raw in client.lrange(keys.FORGETS, 0, -1):
-            try:
-                command = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(command, dict) and type(command.get("n")) is int:
-                kept.append(command)
-        missed = sorted((c for c in kept if c["n"] > heard), key=lambda c: c["n"])
+        missed = [command for command in keys.kept_forgets(client) if command["n"] > heard]
         if not missed:
             return 0
         done = 0

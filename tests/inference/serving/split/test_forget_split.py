@@ -8,6 +8,7 @@ import pytest
 
 from inference.engine import GenerationRequest, SamplingParams
 from inference.engine.tiers import files
+from inference.serving import split_protocol as protocol
 from tests.split.streams import chat_prompt, collect, eventually
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
@@ -56,3 +57,12 @@ async def test_a_box_that_was_off_during_a_forget_does_it_when_it_is_back(
     assert await split_client.forget_prompts(partition=MINE) == 0  # nobody heard it
     worker.start().wait_until_alive()
     assert await eventually(lambda: kept_partitions(worker) == [THEIRS], timeout=120)
+
+
+def test_the_latest_forgets_are_kept_numbered_in_order(split_redis, monkeypatch):
+    monkeypatch.setattr(protocol, "MAX_FORGETS", 2)
+    numbers = [protocol.keep_forget(split_redis, {"op": "forget", "partition": f"apikey:{n}"})
+               for n in range(3)]  # fmt: skip
+    assert numbers == [numbers[0], numbers[0] + 1, numbers[0] + 2]
+    assert [(c["n"], c["partition"]) for c in protocol.kept_forgets(split_redis)] == [
+        (numbers[1], "apikey:1"), (numbers[2], "apikey:2")]  # fmt: skip
