@@ -246,9 +246,7 @@ def forget(worker_dir: Path, forget: forgets.Forget, *, wait_s: float = 0.0) -> 
 
 
 def _forget_unheld(worker_dir: Path, directory: Path) -> int | None:
-    """Apply the recorded forgets a directory has not applied, under its lock; None when a
-    runner holds it. A directory whose every entry goes is renamed before it is deleted, so a
-    kill midway leaves nothing under a layout's name."""
+    """`apply_forgets` under the directory's lock; None when a runner holds it."""
     handle = lock(directory)
     if handle is None:
         return None
@@ -256,28 +254,36 @@ def _forget_unheld(worker_dir: Path, directory: Path) -> int | None:
         # A runner starting meanwhile takes the directory over once this lets go (as from a
         # runner writing its RAM tier), instead of keeping its prompts in RAM only.
         mark(handle, "flushing")
-        done = forgets.applied(directory)
-        recorded = forgets.read(worker_dir, after=done)
-        if not recorded:
-            return 0
-        model = directory.parent.name
-        mine = [f for f in recorded if f.concerns(model)]
-        if any(f.everything for f in mine):
-            paths = entry_files(directory)
-            trash = directory.with_name(f"{TRASH}{os.getpid()}-{time.monotonic_ns()}")
-            directory.rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
-            return len(paths)
-        deleted = 0
-        for path in entry_files(directory):
-            partition = _partition_of(path)
-            if mine and (partition is _UNREADABLE or any(f.covers(model, partition) for f in mine)):
-                path.unlink(missing_ok=True)
-                deleted += 1
-        forgets.mark_applied(directory, max(f.seq for f in recorded))
-        return deleted
+        return apply_forgets(worker_dir, directory)
     finally:
         handle.close()
+
+
+def apply_forgets(worker_dir: Path, directory: Path) -> int:
+    """(Under the directory's lock, which the caller holds.) Delete the entries the recorded
+    forgets it has not applied cover, and say so; returns the files deleted. A directory whose
+    every entry goes is renamed before it is deleted, so a kill midway leaves nothing under a
+    layout's name."""
+    done = forgets.applied(directory)
+    recorded = forgets.read(worker_dir, after=done)
+    if not recorded:
+        return 0
+    model = directory.parent.name
+    mine = [f for f in recorded if f.concerns(model)]
+    if any(f.everything for f in mine):
+        paths = entry_files(directory)
+        trash = directory.with_name(f"{TRASH}{os.getpid()}-{time.monotonic_ns()}")
+        directory.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return len(paths)
+    deleted = 0
+    for path in entry_files(directory):
+        partition = _partition_of(path)
+        if mine and (partition is _UNREADABLE or any(f.covers(model, partition) for f in mine)):
+            path.unlink(missing_ok=True)
+            deleted += 1
+    forgets.mark_applied(directory, max(f.seq for f in recorded))
+    return deleted
 
 
 def conversations(worker_dir: Path, limit: int) -> list[str]:
