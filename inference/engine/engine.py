@@ -172,6 +172,9 @@ class Engine:
                 self.costs.observe_save(runner.n_ctx, kv, None)
             for entry in prompts.held()[-8:]:
                 self.costs.observe_save(entry.n_tokens, entry.n_bytes, None)
+            # Forgets recorded in the worker's log (tiers.forgets) are applied here, slots
+            # included; the first look covers those recorded since the store opened.
+            prompts.on_forgets = lambda: self._inbox.put(("forgets",))
         self.scheduler = Scheduler(
             n_ctx=runner.n_ctx,
             n_slots=runner.n_slots,
@@ -207,6 +210,8 @@ class Engine:
         self._preparing: dict[str, Request] = {}
         self._encoder = (Encoder(runner, self._images_read, name=name)
                          if getattr(runner, "takes_images", False) else None)  # fmt: skip
+        if prompts is not None:
+            self._inbox.put(("forgets",))
 
     # --- the caller's side (any thread) ------------------------------------------------------
 
@@ -574,6 +579,8 @@ class Engine:
                     log.exception("dropping %s", request.id)
                 self._fail(request, "the engine stopped")
             self._keep_resident()
+            if self.prompts is not None:  # forgets from now on are the store's alone
+                self.prompts.on_forgets = None
             self._counts = self.scheduler.counts()
             with self._pending_lock:
                 self._exited = True
@@ -646,7 +653,19 @@ class Engine:
             if self.speculation is not None:  # what its answers taught the n-gram table too
                 self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
+            self._apply_forgets()  # its record too (kept_prompts writes it first): said done
             future.set_result(dropped)
+        elif kind == "forgets":
+            self._apply_forgets()
+
+    def _apply_forgets(self) -> None:
+        """The forgets recorded since the last look (tiers.forgets), in the tiers and slots."""
+        if self.prompts is None:
+            return
+        for forget in self.prompts.apply_forgets():
+            self.scheduler.forget(forget.partition, forget.everything)
+            if self.speculation is not None:
+                self.speculation.forget(forget.partition, everything=forget.everything)
 
     def _enqueue(self, request: Request) -> None:
         """A request whose prompt is read, into the scheduler's queue."""

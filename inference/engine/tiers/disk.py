@@ -9,7 +9,11 @@ header, and joins the tree's ledger (ledger.Ledger: the bound is the box's, shar
 runners alive, and each write reserves its bytes first). Entries of other load settings of the
 same model stay in their own directories, within the bound, for when those settings come back;
 those a directory of this layout's key holds under its name from before (when the context and
-GPU offload were in it) move into this one.
+GPU offload were in it) move into this one, once the recorded forgets (tiers.forgets) that
+directory had not applied are done in it. Before it indexes anything, open() deletes what the
+recorded forgets this directory has not applied cover. While idle, the thread looks at the log
+of forgets and tells the store (`on_idle`), which applies new ones and has the thread say so
+(`acknowledge`).
 
 An entry dropped at open (unreadable, or longer than this load's context) is said in `note`,
 which the model page shows. Every failure is a log line and a cold read, never a crash: a full
@@ -27,14 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.engine.tiers import files
+from inference.engine.tiers import files, forgets
 from inference.engine.tiers.entries import KvEntry, KvLayout
 from inference.engine.tiers.ledger import Ledger
 
 log = logging.getLogger(__name__)
 
-# How often an idle disk thread reads its share again (runners opened or stopped meanwhile).
+# How often the disk thread reads its share again (runners opened or stopped meanwhile).
 REFRESH_S = 1.0
+IDLE_POLL_S = 0.25  # how often an idle disk thread looks for new forgets (a stat)
 
 
 @dataclass(slots=True, frozen=True)
@@ -73,6 +78,8 @@ class DiskTier:
         self._ledger = Ledger(Path(box_root or root), self.directory, bound)
         self._files: dict[str, tuple[int, int]] = {}  # entry id -> (file bytes, state bytes)
         self._refreshed_at = 0.0  # when the share was read last (disk thread)
+        self.on_idle: Callable[[], None] = lambda: None  # the store's look for new forgets
+        self.forgets_seen = 0  # the latest forget open() applied to the files (tiers.forgets)
         self._lock_handle = None
         self._jobs: queue.Queue = queue.Queue()
         self._idle = threading.Condition()
@@ -100,7 +107,7 @@ class DiskTier:
             for leftover in self.directory.glob(f"*{files.TEMPORARY}"):
                 leftover.unlink(missing_ok=True)
             self._adopt_earlier_directories()
-            entries = self._index()
+            entries = self._index(self._forgets_to_apply())
             self._ledger.open(self._held())
         except OSError as exc:
             log.warning("kept prompts stay in RAM: cannot use %s (%s)", self.directory, exc)
@@ -143,7 +150,8 @@ class DiskTier:
         context and the GPU offload left the name) move here, once; a directory of other
         settings is left as it is (one entry's header says which it is)."""
         for other in sorted(self.directory.parent.iterdir()):
-            if other == self.directory or not other.is_dir():
+            # Not this one, nor one a forget is deleting whole (files.TRASH: a dot name).
+            if other == self.directory or other.name.startswith(".") or not other.is_dir():
                 continue
             try:
                 self._adopt(other)
@@ -162,6 +170,9 @@ class DiskTier:
         if held is None:
             return
         try:
+            # What the forgets recorded since that directory last applied them cover goes
+            # first: moved as it is, it would land in a directory that applied them already.
+            files.apply_forgets(self.root, other)
             moved = 0
             for path in files.entry_files(other):
                 os.replace(path, self.directory / path.name)
@@ -171,9 +182,16 @@ class DiskTier:
         finally:
             held.close()
 
-    def _index(self) -> list[KvEntry]:
+    def _forgets_to_apply(self) -> list[forgets.Forget]:
+        """The recorded forgets of this model that this directory has not applied yet."""
+        done = forgets.applied(self.directory)
+        recorded = forgets.read(self.root, after=done)
+        self.forgets_seen = max([done] + [f.seq for f in recorded])
+        return [f for f in recorded if f.concerns(self.layout.model_key)]
+
+    def _index(self, forgotten: list[forgets.Forget]) -> list[KvEntry]:
         """The directory's entries, checked; those this load cannot use are deleted and said
-        in `note`."""
+        in `note`, and those `forgotten` covers deleted."""
         entries = []
         dropped: dict[str, int] = {}
         for path in files.entry_files(self.directory):
@@ -185,6 +203,9 @@ class DiskTier:
                 log.warning("deleting kept prompt %s: %s", path.name, exc)
                 path.unlink(missing_ok=True)
                 dropped["damaged or unreadable"] = dropped.get("damaged or unreadable", 0) + 1
+                continue
+            if any(f.covers(self.layout.model_key, header.partition) for f in forgotten):
+                path.unlink(missing_ok=True)  # forgotten while a runner held it, or killed
                 continue
             if len(header.tokens) > self.layout.ctx_per_seq:
                 path.unlink(missing_ok=True)
@@ -225,6 +246,11 @@ class DiskTier:
 
     def delete(self, entry: KvEntry) -> None:
         self._submit(("delete", entry, None))
+
+    def acknowledge(self, seq: int) -> None:
+        """Say in the directory that its entries are forgotten up to `seq`, once the jobs
+        queued so far are done (the deletions of what those forgets dropped among them)."""
+        self._submit(("acknowledge", None, seq))
 
     def _submit(self, job: tuple) -> None:
         with self._idle:
@@ -270,8 +296,9 @@ class DiskTier:
             if time.monotonic() >= self._refreshed_at + REFRESH_S:
                 self._refresh()
             try:
-                job = self._jobs.get(timeout=REFRESH_S)
+                job = self._jobs.get(timeout=IDLE_POLL_S)
             except queue.Empty:
+                self._idle_look()
                 continue
             if job is None:
                 break
@@ -280,11 +307,12 @@ class DiskTier:
             try:
                 result = self._run(op, entry, data, started)
             except Exception as exc:  # noqa: BLE001 - a job's failure is a result, not a crash
-                log.exception("kept prompt %s: %s failed", entry.id, op)
+                log.exception("kept prompt %s: %s failed", entry.id if entry else "-", op)
                 seconds = time.perf_counter() - started
-                # A deletion's failure is the log line alone: nothing waits for it.
-                result = None if op == "delete" else DiskResult(op, entry, False, seconds,
-                                                                error=str(exc))  # fmt: skip
+                # A deletion's or an acknowledgement's failure is the log line alone: nothing
+                # waits for it (a forget not said applied is applied again, to nothing).
+                failed = op in ("delete", "acknowledge")
+                result = None if failed else DiskResult(op, entry, False, seconds, error=str(exc))
             if result is not None:
                 try:
                     self.notify(result)
@@ -297,7 +325,17 @@ class DiskTier:
                 self._busy -= 1
                 self._idle.notify_all()
 
+    def _idle_look(self) -> None:
+        """No job waiting: the store looks for new forgets (on_idle)."""
+        try:
+            self.on_idle()
+        except Exception:  # noqa: BLE001 - the next look tries again
+            log.exception("looking for forgotten prompts")
+
     def _run(self, op: str, entry: KvEntry, data, started: float) -> DiskResult | None:
+        if op == "acknowledge":
+            forgets.mark_applied(self.directory, data)
+            return None
         path = files.entry_path(self.directory, entry.id)
         if op == "delete":
             path.unlink(missing_ok=True)

@@ -16,14 +16,16 @@ file (removed at the next open of any model: ledger), never a short entry under 
 
 The directory of one model and layout is `<root>/<model key>/<layout digest>/`; a runner holds
 an exclusive lock on it (`lock`) while it is loaded, so two runners never write one directory
-and a page forgetting prompts never deletes files a runner is using. Whoever only asks whether
-a runner holds it (`is_locked`) takes a shared lock for that moment: a runner taking the
+and a page forgetting prompts never deletes files a runner is using: it records the forget
+(tiers.forgets), and the runner holding the directory does it. Whoever only asks whether a
+runner holds it (`is_locked`) takes a shared lock for that moment: a runner taking the
 directory then waits out the probe instead of taking it for held.
 """
 
 import errno
 import fcntl
 import json
+import logging
 import os
 import shutil
 import struct
@@ -35,13 +37,17 @@ from pathlib import Path
 
 import numpy as np
 
+from inference.engine.tiers import forgets
 from inference.engine.tiers.entries import KvEntry, KvLayout
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"APKV"
 FORMAT = 1
 SUFFIX = ".kv"
 TEMPORARY = ".tmp"
 LOCK_NAME = ".lock"
+TRASH = ".forgotten-"  # a layout directory being deleted whole
 MAX_HEADER = 64 << 10  # partition and key are bounded (GenerationRequest), so this is ample
 # A header's size with its layout, partition and conversation (each at most 256 characters,
 # though JSON may escape them): what an entry's file takes beyond its token ids and state.
@@ -240,34 +246,84 @@ def is_locked(directory: Path) -> bool:
         return not _try_flock(handle, fcntl.LOCK_SH)
 
 
-def forget(worker_dir: Path, *, model_key: str | None = None, partition: str | None = None,
-           everything: bool = False, wait_s: float = 0.0) -> int:  # fmt: skip
-    """Delete kept prompts under a worker's directory that no runner holds: a model's
-    (`model_key`), a partition's (`partition`), or with `everything` all of the model's (or of
-    every model); returns the entries deleted. A directory a serving runner holds is its
-    runner's to forget (Engine.forget_prompts); one a stopped runner still writes its RAM tier
-    to ("flushing": an unload a moment ago) is waited for, up to `wait_s`."""
-    models = [Path(worker_dir) / model_key] if model_key else sorted(Path(worker_dir).glob("*"))
-    deleted = 0
+def forget(worker_dir: Path, forget: forgets.Forget, *, wait_s: float = 0.0) -> int:
+    """Do a recorded forget (tiers.forgets.record) in every layout directory of its models
+    under a worker's directory; returns the entry files deleted here. A directory nobody holds
+    is done here, under its lock (with every recorded forget it has not applied). One a runner
+    holds is that runner's to do (it applies the record: a store serving, starting or stopping
+    alike) and is waited for, up to `wait_s`, until it says it has, or lets go (then it is done
+    here). A directory that is not done by then is done by whoever opens it next."""
+    worker_dir = Path(worker_dir)
+    models = ([worker_dir / key for key in forget.models] if forget.models
+              else sorted(p for p in worker_dir.glob("*") if p.is_dir()))  # fmt: skip
     deadline = time.monotonic() + wait_s
+    deleted, all_here = 0, True
     for model_dir in models:
         for directory in sorted(model_dir.glob("*")):
             if not directory.is_dir():
                 continue
-            while is_locked(directory) and marked(directory) == "flushing":
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.1)
-            if is_locked(directory):
-                continue
-            for path in entry_files(directory):
-                if everything or _partition_of(path) in (partition, _UNREADABLE):
-                    path.unlink(missing_ok=True)
-                    deleted += 1
-            if everything:
+            if directory.name.startswith(TRASH):  # a forget killed midway
                 shutil.rmtree(directory, ignore_errors=True)
-        if everything and model_dir.is_dir() and not any(model_dir.iterdir()):
+                continue
+            while True:
+                done = _forget_unheld(worker_dir, directory)
+                if done is not None:
+                    deleted += done
+                    break
+                all_here = False
+                if forgets.applied(directory) >= forget.seq:
+                    break
+                if time.monotonic() >= deadline:
+                    if wait_s:
+                        log.warning("%s has not forgotten its kept prompts yet; it does when "
+                                    "its runner next looks, or opens it", directory)  # fmt: skip
+                    break
+                time.sleep(0.05)
+        if forget.everything and model_dir.is_dir() and not any(model_dir.iterdir()):
             model_dir.rmdir()
+    if all_here and not forget.models:  # no runner holds anything: every forget is done
+        forgets.compact(worker_dir, forget.seq)
+    return deleted
+
+
+def _forget_unheld(worker_dir: Path, directory: Path) -> int | None:
+    """`apply_forgets` under the directory's lock; None when a runner holds it."""
+    handle = lock(directory)
+    if handle is None:
+        return None
+    try:
+        # A runner starting meanwhile takes the directory over once this lets go (as from a
+        # runner writing its RAM tier), instead of keeping its prompts in RAM only.
+        mark(handle, "flushing")
+        return apply_forgets(worker_dir, directory)
+    finally:
+        handle.close()
+
+
+def apply_forgets(worker_dir: Path, directory: Path) -> int:
+    """(Under the directory's lock, which the caller holds.) Delete the entries the recorded
+    forgets it has not applied cover, and say so; returns the files deleted. A directory whose
+    every entry goes is renamed before it is deleted, so a kill midway leaves nothing under a
+    layout's name."""
+    done = forgets.applied(directory)
+    recorded = forgets.read(worker_dir, after=done)
+    if not recorded:
+        return 0
+    model = directory.parent.name
+    mine = [f for f in recorded if f.concerns(model)]
+    if any(f.everything for f in mine):
+        paths = entry_files(directory)
+        trash = directory.with_name(f"{TRASH}{os.getpid()}-{time.monotonic_ns()}")
+        directory.rename(trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        return len(paths)
+    deleted = 0
+    for path in entry_files(directory):
+        partition = _partition_of(path)
+        if mine and (partition is _UNREADABLE or any(f.covers(model, partition) for f in mine)):
+            path.unlink(missing_ok=True)
+            deleted += 1
+    forgets.mark_applied(directory, max(f.seq for f in recorded))
     return deleted
 
 

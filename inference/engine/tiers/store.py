@@ -18,7 +18,10 @@
    its room in RAM before it allocates anything (behind the writes that free it, at most
    twice), or does not happen; a failed read drops the entry.
 4. `forget()` drops a partition's entries or all of them; `flush()` writes what RAM holds to
-   disk before the runner stops, most recently used first.
+   disk before the runner stops, most recently used first. Forgets recorded in the worker's log
+   (tiers.forgets) are applied by `apply_forgets()`: by the engine between steps when the disk
+   thread sees a new one (`on_forgets`), by the disk thread itself when no engine serves (before
+   it starts, after it stopped), and by `flush()` before it writes anything.
 
 The RAM bound holds for what this process holds, not just for what the index says: `ram_used`
 counts the states in RAM, those being written (until written, and a dropped entry's until its
@@ -39,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inference.engine.tiers import forgets
 from inference.engine.tiers.disk import DiskResult, DiskTier
 from inference.engine.tiers.entries import KvEntry, as_tokens
 from inference.engine.tiers.index import PrefixIndex
@@ -77,6 +81,12 @@ class PromptStore:
         self.min_tokens = min_tokens
         # Told of every read from disk, done or failed, on the disk thread (the engine's wake-up).
         self.on_fetched: Callable[[DiskResult], None] = lambda result: None
+        # The engine's: new forgets are recorded, apply them between steps (None: no engine
+        # serves, the disk thread applies them).
+        self.on_forgets: Callable[[], None] | None = None
+        self._forgets: forgets.Watch | None = None
+        self._forgets_seen = 0  # every entry held was made after these forgets were applied
+        self._model_key = ""
         self.ram_used = 0  # bytes held or promised (module doc)
         self.disk_used = 0
         self.ram_peak = 0
@@ -103,12 +113,15 @@ class PromptStore:
         disk, self.disk = self.disk, None
         if disk is None:
             return self
+        self._forgets, self._model_key = forgets.Watch(disk.root), disk.layout.model_key
+        self._forgets_seen = forgets.last(disk.root)
         if disk.others_flushing():
             self._room_bound = 0
             threading.Thread(target=self._wait_for_flushes, args=(disk, takeover_s),
                              name="kv-flushes", daemon=True).start()  # fmt: skip
         found = disk.open()
         if found is not None:
+            self._forgets_seen = max(self._forgets_seen, disk.forgets_seen)  # RAM is empty
             self._attach(disk, found)
         elif disk.holder_flushing():
             threading.Thread(target=self._take_over, args=(disk, takeover_s),
@@ -143,6 +156,7 @@ class PromptStore:
         disk.notify = self._disk_done
         disk.admit_read = self._admit_read
         disk.shrunk = self._fit_disk
+        disk.on_idle = self._look_for_forgets  # what RAM holds from before is applied there
         too_large = 0
         with self._lock:
             for entry in found:
@@ -157,10 +171,14 @@ class PromptStore:
                     too_large += 1
             self.disk = disk
             self._trim_disk(0)
+            # The directory is forgotten as far as what this store holds is (RAM, from before
+            # a takeover, may be behind the files): no further.
+            disk.acknowledge(self._forgets_seen)
         log.info("kept prompts: %d entries (%d MiB) on disk for this model%s",
                  len(found), self.disk_used >> 20,
                  f"; {too_large} larger than the RAM tier stay there unused" if too_large
                  else "")  # fmt: skip
+        self._look_for_forgets()
 
     def _fit_disk(self) -> None:
         """(The disk thread.) The disk's share shrank (a runner opened beside this one): the
@@ -437,10 +455,13 @@ class PromptStore:
 
     def flush(self, timeout: float) -> int:
         """Write what RAM holds to disk (most recently used first, as the disk's room allows)
-        and wait for the disk thread up to `timeout`; returns the entries written."""
+        and wait for the disk thread up to `timeout`; returns the entries written. Forgets
+        recorded before the directory said "flushing" are applied first; files.forget waits
+        for the ones after (the disk thread applies them)."""
         if self.disk is None:
             return 0
         self.disk.flushing()
+        self.apply_forgets()
         with self._lock:
             written = 0
             for entry in reversed(list(self._ram.values())):
@@ -453,6 +474,39 @@ class PromptStore:
                 self._leave_ram(entry)
         self.disk.drain(timeout)
         return written
+
+    def _look_for_forgets(self) -> None:
+        """(The disk thread, while idle.) New forgets recorded: the engine applies them between
+        steps (its slots hold prompts too), or this thread when no engine serves."""
+        if self._forgets is None or self._forgets.look() <= self._forgets_seen:
+            return
+        on_forgets = self.on_forgets
+        if on_forgets is not None:
+            on_forgets()
+        else:
+            self.apply_forgets()
+
+    def apply_forgets(self) -> list[forgets.Forget]:
+        """Drop what the forgets recorded since the last look cover, in RAM and on disk, and
+        have the disk thread say so in the directory once it has deleted them; returns the
+        ones of this store's model (the engine forgets them in its slots too)."""
+        if self._forgets is None:
+            return []
+        recorded = forgets.read(self._forgets.path.parent, after=self._forgets_seen)
+        if not recorded:
+            return []
+        mine = [f for f in recorded if f.concerns(self._model_key)]
+        with self._lock:
+            gone = [e for e in self._entries.values()
+                    if any(f.covers(self._model_key, e.partition) for f in mine)]  # fmt: skip
+            for entry in gone:
+                self._remove(entry)
+            self.counts["forgotten"] += len(gone)
+            self._forgets_seen = max(self._forgets_seen, recorded[-1].seq)
+            if self.disk is not None:
+                self.disk.acknowledge(self._forgets_seen)
+            self._lock.notify_all()
+        return mine
 
     def close(self) -> None:
         self._closed = True
