@@ -33,10 +33,14 @@ def directory_bytes(directory: Path) -> int:
 
 
 def keep(store: PromptStore, count: int, start: int = 0) -> None:
-    """`count` conversations put into a store whose RAM holds one: each spills the one before."""
+    """`count` conversations put into a store whose RAM holds one: each spills the one before.
+    The saves come a step apart, as an engine's do: each write is over before the next save
+    (a save never waits for one, and finds no room while the last is still being written)."""
     for n in range(start, start + count):
         tokens = list(range(1000 * n, 1000 * n + 20))
         store.put("p", f"c{n}", tokens, bytearray(bytes([n % 251]) * STATE))
+        if store.disk is not None:
+            store.disk.drain(10)
 
 
 def opened(root: Path, model: str, bound: int = BOUND) -> PromptStore:
