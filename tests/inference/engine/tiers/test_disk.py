@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 
-from inference.engine.tiers import PromptStore, files
+from inference.engine.tiers import PromptStore, files, forgets
 from inference.engine.tiers.disk import DiskTier
 
 from .conftest import entry
@@ -111,6 +111,30 @@ def test_entries_from_before_layouts_were_named_by_their_key_are_taken_over(tmp_
     assert {e.id for e in store.held()} == {e.id for e in kept}
     assert not list(named_before.glob("*.kv"))
     assert all(e.id not in {h.id for h in store.held()} for e in other_kv)  # left in its own
+    store.close()
+
+
+def test_an_entry_a_recorded_forget_covers_is_not_taken_over_from_a_directory_named_before(
+    tmp_path, layout
+):
+    """The directory named before had not applied a forget that this layout's directory had:
+    its entries of the forgotten partition are deleted there, not moved here, where nothing
+    would apply that forget again."""
+    earlier = dataclasses.replace(layout, ctx_per_seq=512)
+    before = PromptStore(1 << 20, DiskTier(tmp_path, earlier, 1 << 30)).open()
+    for n, partition in enumerate(["apikey:1", "apikey:2"]):
+        before.put(partition, "c", list(ids(20, 100 * n)), bytearray(b"x" * 500))
+    before.flush(10)
+    before.close()
+    named_before = tmp_path / layout.model_key / "0123456789abcdef"
+    (tmp_path / layout.model_key / layout.digest).rename(named_before)
+    forget = forgets.record(tmp_path, partition="apikey:1")
+    directory = tmp_path / layout.model_key / layout.digest
+    directory.mkdir()
+    forgets.mark_applied(directory, forget.seq)  # this one did it (its runner was serving)
+    store = opened(tmp_path, layout)
+    assert [e.partition for e in store.held()] == ["apikey:2"]
+    assert not list(named_before.glob("*.kv")) and len(list(directory.glob("*.kv"))) == 1
     store.close()
 
 
