@@ -295,9 +295,24 @@ def _forget_unheld(worker_dir: Path, directory: Path) -> int | None:
         # A runner starting meanwhile takes the directory over once this lets go (as from a
         # runner writing its RAM tier), instead of keeping its prompts in RAM only.
         mark(handle, "flushing")
-        return apply_forgets(worker_dir, directory)
+        deleted = apply_forgets(worker_dir, directory)
+        if deleted:
+            _release(directory)
+        return deleted
     finally:
         handle.close()
+
+
+def _release(directory: Path) -> None:
+    """The disk ledger counts a directory again after a forget deleted from it (ledger.recount:
+    what it takes is given back to the runners alive now)."""
+    from inference.engine.tiers import ledger  # it builds on this module
+
+    try:
+        ledger.recount(directory)
+    except OSError as exc:  # counted again at the next open, or before evicting from it
+        log.warning("kept prompts: the disk ledger was not told of a forget in %s: %s",
+                    directory, exc)  # fmt: skip
 
 
 def apply_forgets(worker_dir: Path, directory: Path) -> int:

@@ -223,6 +223,22 @@ class Ledger:
         os.replace(temporary, self.root / LEDGER)
 
 
+def recount(directory: Path) -> None:
+    """(Under the directory's lock, which the caller holds: no runner writes it.) Its files
+    were deleted outside any runner (files.forget): the ledger of its tree, where it has one,
+    counts it again now (or drops it, gone), so the runners alive get the room back at once
+    rather than at the next open (4.)."""
+    directory = Path(directory)
+    # The tree's root: the box's (<root>/<worker>/<model key>/<layout>) or a worker's alone.
+    for root in directory.parents[1:3]:
+        if (root / LEDGER).exists():
+            ledger = Ledger(root, directory, 0)
+            with ledger._tree() as tree:
+                if directory.is_dir():
+                    tree.bytes[ledger.name] = ledger._count(ledger.name)
+            return
+
+
 def _directories(root: Path, depth: int) -> list[Path]:
     """Every layout directory of the tree, `depth` levels down ([<worker>/]<model key>/<layout>)."""
     found = [root]

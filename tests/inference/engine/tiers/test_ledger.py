@@ -1,15 +1,16 @@
 """The disk bound is the box's: it holds for the whole tree at every moment, shared by the
 runners that are alive, whenever they open, write, flush or stop."""
 
+import json
 import multiprocessing
 import threading
 import time
 
 import numpy as np
 
-from inference.engine.tiers import PromptStore
+from inference.engine.tiers import PromptStore, files, forgets
 from inference.engine.tiers.disk import DiskTier
-from inference.engine.tiers.ledger import tree_locked
+from inference.engine.tiers.ledger import LEDGER, tree_locked
 from tests.inference.engine.tiers.runners import (
     BOUND,
     STATE,
@@ -106,6 +107,32 @@ def test_models_not_loaded_make_room_oldest_first(tmp_path):
     assert on_disk(loaded) >= 9 * STATE and tree_bytes(tmp_path) <= BOUND
     assert not oldest.exists() and any(idle.glob("*.kv"))  # the oldest went, not all
     loaded.close()
+
+
+def test_a_forget_done_where_no_runner_is_gives_its_bytes_back_in_the_ledger_at_once(tmp_path):
+    """Not at the next open: the ledger says what the directory of a model not loaded takes
+    as soon as a forget has deleted from it, and drops it once it is forgotten whole."""
+    idle = opened(tmp_path, "ab")
+    keep(idle, 10)
+    idle.flush(10)
+    idle.close()
+    alive = opened(tmp_path, "cd")  # counts the directory of the model not loaded
+    directory = idle.disk.directory
+    name = directory.relative_to(tmp_path).as_posix()
+    assert ledger_bytes(tmp_path)[name] == directory_bytes(directory) > 0
+    keys = (model_layout("ab").model_key,)
+    files.forget(tmp_path, forgets.record(tmp_path, partition="p", models=keys))
+    assert not list(directory.glob("*.kv")) and ledger_bytes(tmp_path)[name] == 0
+    keep(idle_again := opened(tmp_path, "ab"), 3)
+    idle_again.flush(10)
+    idle_again.close()
+    files.forget(tmp_path, forgets.record(tmp_path, models=keys, everything=True))
+    assert name not in ledger_bytes(tmp_path)
+    alive.close()
+
+
+def ledger_bytes(root) -> dict:
+    return json.loads((root / LEDGER).read_text())["bytes"]
 
 
 def test_leftovers_of_a_killed_write_are_swept_at_the_next_open_of_any_model(tmp_path):
