@@ -138,7 +138,8 @@ class Ledger:
             self.share = self._share(tree)
 
     def _fair(self, tree: Tree) -> int:
-        return self.bound // sum(1 for live in tree.alive.values() if live)
+        # At least this one's, but recount's directory may be gone (forgotten whole).
+        return self.bound // max(1, sum(1 for live in tree.alive.values() if live))
 
     def _share(self, tree: Tree) -> int:
         """Its fair share at least; more where the other runners alive leave it, unless they
