@@ -346,7 +346,9 @@ def kept_lines(rows: list[tuple[str, PromptCachePanel]]) -> list[str]:
             continue
         tiers = [f"in RAM {tier_label(kept['ram'])}"]  # type: ignore[arg-type]
         tiers.append(f"on disk {tier_label(kept['disk'])}" if kept["disk"] else "no disk tier")
-        lines.append(f"{where}Kept {', '.join(tiers)}. {use}")
+        # A load with a smaller context (or a damaged file) drops what it cannot restore.
+        dropped = f" At load it {kept['disk_note']}." if kept["disk_note"] else ""
+        lines.append(f"{where}Kept {', '.join(tiers)}.{dropped} {use}")
     return lines
 
 

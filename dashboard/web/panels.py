@@ -149,6 +149,7 @@ class PromptCachePanel(TypedDict):
     enabled: bool  # False: no tiers; reuse is the resident slots' alone
     ram: TierPanel | None  # None: no tiers
     disk: TierPanel | None  # None: no disk tier (RAM only)
+    disk_note: str  # what the disk tier dropped at load and why ("dropped 2 entries: ..."), or ""
     admitted: dict[str, int]  # requests by where their cached tokens came from: ADMISSIONS
     tokens: dict[str, int]  # cached tokens reused, by tier: TIERS
     saved_s: float  # prompt reading that restores saved (what reading would have cost, less them)
@@ -390,6 +391,11 @@ def _tier(raw) -> TierPanel:
             "entries": _count(raw.get("entries"))}  # fmt: skip
 
 
+def _note(raw) -> str:
+    """A short sentence an engine sent, as text (an engine from before it sends none)."""
+    return " ".join(raw.split())[:200] if isinstance(raw, str) else ""
+
+
 def prompt_cache_panel(raw) -> PromptCachePanel | None:
     """A model's warm memory (PromptCachePanel), or None from an engine without it. Sizes are
     shown as sent, above the bound too: the bound holding is what the panel is there to show."""
@@ -405,6 +411,7 @@ def prompt_cache_panel(raw) -> PromptCachePanel | None:
         "enabled": enabled,
         "ram": _tier(raw.get("ram")) if enabled else None,
         "disk": _tier(disk) if on_disk else None,
+        "disk_note": _note(disk.get("note")) if on_disk else "",
         "admitted": {key: _count(admitted.get(key)) for key in ADMISSIONS},
         "tokens": {key: _count(tokens.get(key)) for key in TIERS},
         "saved_s": max(0.0, _number(use.get("saved_seconds"))),

@@ -74,6 +74,8 @@ log = logging.getLogger(__name__)
 STREAM_RATE_S = 3.0  # a stream's live tok/s on the dashboard: over its last tokens this recent
 MAX_SHARE_ROWS = 32  # rows of the snapshot's "shares" table
 MAX_WARM_ROWS = 256  # conversations a snapshot names as kept (the router's hint, bounded)
+# A stopping engine's save may wait this long for RAM that writes to disk are freeing.
+KEEP_WAIT_S = 1.0
 
 __all__ = ["Engine", "PromptTooLong", "QueueFull", "Runner", "EngineStopped"]
 
@@ -108,8 +110,10 @@ class Runner(Protocol):
     def trim(self, trims: list[KvTrim]) -> None: ...
     # Whether a sequence's KV lets it go on at `position` (a reused prefix: see runner.py).
     def continues(self, seq_id: int, position: int) -> bool: ...
-    # Warm memory (only with a PromptStore): a sequence's KV state as bytes, and back into an
-    # empty sequence (False: refused, the sequence left empty).
+    # Warm memory (only with a PromptStore): a sequence's KV state as bytes (state_size: how
+    # many, before they are copied), and back into an empty sequence (False: refused, the
+    # sequence left empty).
+    def state_size(self, seq_id: int) -> int: ...
     def save(self, seq_id: int) -> bytearray: ...
     def restore(self, seq_id: int, data: bytearray) -> bool: ...
     # The tokens sampled for each chunk that samples: one, or a draft's verified run.
@@ -161,6 +165,16 @@ class Engine:
         self.prompts = prompts
         if prompts is not None:
             prompts.on_fetched = lambda result: self._inbox.put(("fetched", result))
+            # A save's size before the first is measured: the KV buffer per cell llama.cpp
+            # allocated, and the entries found on disk.
+            kv = sum(((runner.info().get("buffers") or {}).get("kv") or {}).values())
+            if kv and runner.n_ctx:
+                self.costs.observe_save(runner.n_ctx, kv, None)
+            for entry in prompts.held()[-8:]:
+                self.costs.observe_save(entry.n_tokens, entry.n_bytes, None)
+            # Forgets recorded in the worker's log (tiers.forgets) are applied here, slots
+            # included; the first look covers those recorded since the store opened.
+            prompts.on_forgets = lambda: self._inbox.put(("forgets",))
         self.scheduler = Scheduler(
             n_ctx=runner.n_ctx,
             n_slots=runner.n_slots,
@@ -196,6 +210,8 @@ class Engine:
         self._preparing: dict[str, Request] = {}
         self._encoder = (Encoder(runner, self._images_read, name=name)
                          if getattr(runner, "takes_images", False) else None)  # fmt: skip
+        if prompts is not None:
+            self._inbox.put(("forgets",))
 
     # --- the caller's side (any thread) ------------------------------------------------------
 
@@ -563,6 +579,8 @@ class Engine:
                     log.exception("dropping %s", request.id)
                 self._fail(request, "the engine stopped")
             self._keep_resident()
+            if self.prompts is not None:  # forgets from now on are the store's alone
+                self.prompts.on_forgets = None
             self._counts = self.scheduler.counts()
             with self._pending_lock:
                 self._exited = True
@@ -635,7 +653,19 @@ class Engine:
             if self.speculation is not None:  # what its answers taught the n-gram table too
                 self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
+            self._apply_forgets()  # its record too (kept_prompts writes it first): said done
             future.set_result(dropped)
+        elif kind == "forgets":
+            self._apply_forgets()
+
+    def _apply_forgets(self) -> None:
+        """The forgets recorded since the last look (tiers.forgets), in the tiers and slots."""
+        if self.prompts is None:
+            return
+        for forget in self.prompts.apply_forgets():
+            self.scheduler.forget(forget.partition, forget.everything)
+            if self.speculation is not None:
+                self.speculation.forget(forget.partition, everything=forget.everything)
 
     def _enqueue(self, request: Request) -> None:
         """A request whose prompt is read, into the scheduler's queue."""
@@ -747,16 +777,19 @@ class Engine:
     # --- KV edits and warm memory ----------------------------------------------------------
 
     def _apply_kv(self, plan: StepPlan) -> None:
-        """The plan's KV edits, in order: saves into the tiers, trims, restores; then each
-        request admitted with cached tokens is checked to go on from them (runner.continues:
-        a model with sliding-window layers may have dropped what an old prefix needs)."""
+        """The plan's KV edits, in order: saves into the tiers, trims, restores (their seconds
+        are the step's: `plan.saved_s`, `plan.restored_s`, in its record); then each request
+        admitted with cached tokens is checked to go on from them (runner.continues: a model
+        with sliding-window layers may have dropped what an old prefix needs)."""
         for op in plan.kv_ops:
             if isinstance(op, KvTrim):
                 self.runner.trim([op])
             elif isinstance(op, KvSave):
-                self._save(op)
+                plan.saved_s += self._save(op)
             elif isinstance(op, KvRestore):
+                started = time.perf_counter()
                 self._restore(op, plan)
+                plan.restored_s += time.perf_counter() - started
         for request in plan.admitted:
             if request.cached_tokens and not self.runner.continues(request.seq_id,
                                                                    request.num_computed):
@@ -765,16 +798,29 @@ class Engine:
                          request.cached_tokens)  # fmt: skip
                 self._read_cold(request, plan)
 
-    def _save(self, op: KvSave) -> None:
+    def _save(self, op: KvSave, wait: float = 0.0) -> float:
+        """A sequence's KV into the RAM tier, in room taken there before it is copied (none
+        now: it is not kept); returns the seconds it took. `wait`: how long the room may be
+        waited for (never in a step: the scheduler charged the step for the copy alone)."""
         store = self.prompts
-        if store is None or store.covers(op.partition, list(op.tokens)):
-            return
+        if store is None or store.covers(op.partition, op.tokens):
+            return 0.0
+        started = time.perf_counter()
+        size = 0
         try:
+            size = self.runner.state_size(op.seq_id)
+            if not store.reserve(size, wait):
+                return time.perf_counter() - started
             data = self.runner.save(op.seq_id)
         except Exception:  # noqa: BLE001 - losing a kept prompt costs a read, nothing more
             log.exception("saving sequence %d for the tiers", op.seq_id)
-            return
-        store.put(op.partition, op.cache_key, list(op.tokens), data)
+            if size:
+                store.release(size)
+            return time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.costs.observe_save(len(op.tokens), len(data), seconds)
+        store.put(op.partition, op.cache_key, op.tokens, data, reserved=size)
+        return seconds
 
     def _restore(self, op: KvRestore, plan: StepPlan) -> None:
         request = next(r for r in plan.admitted if r.id == op.request_id)
@@ -794,7 +840,7 @@ class Engine:
         # its whole prompt from the next step on (its chunk in this one is dropped).
         log.warning("%s: llama.cpp refused kept prompt %s (%d tokens); reading the prompt again",
                     self.name, op.entry.id, op.entry.n_tokens)  # fmt: skip
-        if self.prompts is not None:
+        if self.prompts is not None and op.data:  # its own state, refused: it is unusable
             self.prompts.discard(op.entry)
         self._read_cold(request, plan)
 
@@ -812,7 +858,7 @@ class Engine:
         the runner is closed)."""
         try:
             for op in self.scheduler.keep_all():
-                self._save(op)
+                self._save(op, wait=KEEP_WAIT_S)
         except Exception:  # noqa: BLE001 - a stop must not fail for it
             log.exception("keeping what the slots hold")
 
@@ -884,6 +930,7 @@ class Engine:
             background_decode=plan.background_decodes, interactive=plan.interactive,
             paused=len(plan.paused), served=served, verify=plan.draft_tokens,
             image=image_tokens, encoding=self._encoder.busy if self._encoder is not None else 0,
+            save_s=plan.saved_s, restore_s=plan.restored_s,
         )  # fmt: skip
 
     def _accept_verified(self, request: Request, chunk: Chunk, tokens: list[int]) -> None:

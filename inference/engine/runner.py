@@ -411,6 +411,11 @@ class LlamaRunner:
         """What a saved sequence state's layout depends on besides the model and settings."""
         return f"llama-cpp-python {ll.__version__}, state {ll.LLAMA_STATE_SEQ_VERSION}"
 
+    def state_size(self, seq_id: int) -> int:
+        """The bytes `save(seq_id)` will copy (counted, not copied): the RAM tier takes room for
+        them before the copy is made."""
+        return ll.llama_state_seq_get_size(self.ctx, seq_id)
+
     def save(self, seq_id: int) -> bytearray:
         """The KV state of one sequence (llama_state_seq_get_data): about as many bytes as its
         cells hold (23 KB a token for the starter model), copied in ~1 ms per 10 MB here."""

@@ -34,7 +34,10 @@ fetched first, on the disk thread; the request waits for it without holding up a
 turn. A restore goes into an empty slot (what the slot held is saved first) and its time comes
 off the step's budget like a prompt chunk's: it waits for a step it fits, beside a person's
 stream, unless nobody reads or it has waited the loose background target. KV a slot held is
-saved before any edit drops it (`KvSave`), so the tiers learn every prefix the box has read.
+saved before any edit drops it (`KvSave`), so the tiers learn every prefix the box has read;
+the copy is the step's time like a restore's, so beside a person's stream a save waits for a
+step it fits, and past the loose background target the KV is dropped unsaved instead: no step
+carries a save past the ITL target (the step log's `save_ms`).
 
 Images (inference.engine.vision): a request with images reaches the scheduler with its images
 encoded, each image's positions holding pseudo ids, and is scheduled like text, with one rule
@@ -62,6 +65,7 @@ from inference.engine.prefix_cache import (
     MIN_REUSE_FRACTION,
     KvOp,
     KvRestore,
+    KvSave,
     KvTrim,
     PrefixCache,
 )
@@ -105,6 +109,14 @@ class StepPlan:
     paused: list[Request] = field(default_factory=list)  # running, left out by priority
     reads_interactive: bool = False  # it carries a chunk of an interactive prompt
     restore_s: float = 0.0  # the predicted seconds of its restores
+    save_s: float = 0.0  # the predicted seconds of its saves
+    saved_s: float = 0.0  # what its saves took (the engine's measure, for the step's record)
+    restored_s: float = 0.0  # what its restores took
+
+    @property
+    def kv_s(self) -> float:
+        """The predicted seconds of its KV copies, before the run: off the step's budget."""
+        return self.restore_s + self.save_s
 
     @property
     def n_tokens(self) -> int:
@@ -300,8 +312,8 @@ class Scheduler:
                 offers.append((chunk, offered))
         if not offers:
             return
-        # The step's time includes KV restores and the draft model's drafting before it.
-        limit = (self.budget.target(plan.interactive) * self.budget.safety - plan.restore_s
+        # The step's time includes KV saves and restores and the draft model's drafting.
+        limit = (self.budget.target(plan.interactive) * self.budget.safety - plan.kv_s
                  - self.drafting_s)  # fmt: skip
         given = self.speculation.allocate([(c.request, d) for c, d in offers],
                                           self.budget.times.predict, plan.n_tokens,
@@ -355,7 +367,7 @@ class Scheduler:
                 self.waiting.remove(request)
                 plan.admitted.append(request)
                 busy.add(request.share)
-                if plan.restore_s:  # what its restore takes comes off the step's room
+                if plan.kv_s:  # what its saves and restore take comes off the step's room
                     room = min(room, self._room(plan, guard=True))
                     if room <= 0:
                         break
@@ -365,7 +377,7 @@ class Scheduler:
     def _room(self, plan: StepPlan, *, guard: bool, extra_s: float = 0.0) -> int:
         """The prompt tokens this step can still take (budget.tokens, less what it holds)."""
         allowed = self.budget.tokens(plan.decodes, plan.interactive, guard=guard,
-                                     reserved_s=plan.restore_s + extra_s)  # fmt: skip
+                                     reserved_s=plan.kv_s + extra_s)  # fmt: skip
         return allowed - plan.n_tokens
 
     def _may_take_a_slot(self, request: Request, busy: set[str | None]) -> bool:
@@ -402,16 +414,18 @@ class Scheduler:
             request.prompt_ids, request.cache_key, request.cache_partition
         )
         hit = self._kept_prefix(request, reused)
-        if hit is not None and not hit.entry.in_ram:
+        if hit is not None and hit.data is None:
+            # Fetched once for this request: a fetch that did not bring it is not tried again
+            # (_kept_prefix then looks in RAM only), whatever kept it out.
             if self.tiers.fetch(hit.entry):
                 request.fetching = request.fetched = True
                 return Admission.FETCHING
-            hit = None  # gone meanwhile: read the prompt
+            hit = None  # gone meanwhile, or larger than RAM: read the prompt
 
         restore_s = 0.0
         if hit is not None:
             restore_s = self.costs.restore_seconds(hit.entry.n_bytes)
-            if not self._restore_fits(plan, request, restore_s, now):
+            if not self._kv_fits(plan, request, restore_s, now):
                 return Admission.NO_ROOM
             slot = self.cache.choose_empty()
             reused = min(hit.shared, request.prompt_len - 1)
@@ -419,27 +433,38 @@ class Scheduler:
             request.params.max_tokens, self.ctx_per_seq - request.prompt_len
         )
         need = self._reservation(request)
-
-        def fits() -> bool:
-            idle_elsewhere = self.cache.idle_tokens - len(slot.tokens)
-            return self._reserved + need + idle_elsewhere <= self.n_ctx
-
-        while not fits():
-            evicted = self.cache.evict_one(keep=slot)
-            if not evicted:
-                return Admission.NO_ROOM
-            plan.kv_ops.extend(evicted)
-        # What the slot holds beyond what is reused is saved first (warm memory on).
+        victims = self._victims(slot, need)
+        if victims is None:
+            return Admission.NO_ROOM
+        # What the slots give up is saved first (warm memory on): the victims' KV, and what the
+        # slot holds beyond what is reused. The copies are the step's time, like a restore's.
         keep = 0 if hit is not None else reused
-        save = self.cache.save_before_dropping(slot, keep)
-        if save:
-            plan.kv_ops.append(save)
+        saves = {save.seq_id: save for save in (
+            *(self.cache.save_before_dropping(v, 0) for v in victims),
+            self.cache.save_before_dropping(slot, keep),
+        ) if save is not None and not self.tiers.covers(save.partition, save.tokens)}  # fmt: skip
+        save_s = sum(self.costs.save_seconds(len(save.tokens)) for save in saves.values())
+        if save_s and not self._kv_fits(plan, request, restore_s + save_s, now, waited=False):
+            if not self._waited(request, now):
+                return Admission.NO_ROOM
+            # It has waited its loose target: it goes, but what the slots held is dropped
+            # unsaved rather than copied past a person's ITL target.
+            self.tiers.not_kept(len(saves))
+            saves, save_s = {}, 0.0
+        for _ in victims:
+            evicted = self.cache.evict_one(keep=slot)
+            plan.kv_ops.extend(op for op in evicted if not isinstance(op, KvSave)
+                               or op.seq_id in saves)  # fmt: skip
+        if slot.seq_id in saves:
+            plan.kv_ops.append(saves[slot.seq_id])
+        plan.save_s += save_s
         trim = self.cache.take(slot, keep, request.cache_key, request.cache_partition)
         if trim:
             plan.kv_ops.append(trim)
         if hit is not None:
-            plan.kv_ops.append(KvRestore(slot.seq_id, request.id, hit.entry, hit.entry.data,
-                                         reused))  # fmt: skip
+            # The state the lookup found, not the entry's now: the disk thread may have let
+            # go of it since (it was written), and the restore would then be refused.
+            plan.kv_ops.append(KvRestore(slot.seq_id, request.id, hit.entry, hit.data, reused))
             plan.restore_s += restore_s
             self.tiers.touch(hit.entry)
             request.cached_tier = "disk" if request.fetched else "ram"
@@ -466,23 +491,42 @@ class Scheduler:
         # entry counts when at least half of it is the prompt's prefix, so a new conversation
         # never restores a whole entry for the chat template's first tokens.
         hit = self.tiers.lookup(request.cache_partition, request.lookup_ids, at_least=reused + 1,
-                                min_fraction=MIN_REUSE_FRACTION)  # fmt: skip
+                                min_fraction=MIN_REUSE_FRACTION,
+                                in_ram_only=request.fetched)  # fmt: skip
         if hit is None:
             return None
         if hit.entry.pending == "read":
             return hit  # another request fetches it already: wait for it too
         gained = min(hit.shared, request.prompt_len - 1) - reused
         per_token = self.budget.seconds_per_prompt_token()
-        if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, not hit.entry.in_ram, gained,
+        if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, hit.data is None, gained,
                                               per_token):  # fmt: skip
             return None
         return hit
 
-    def _restore_fits(self, plan: StepPlan, request: Request, seconds: float, now: float) -> bool:
-        """Whether a restore of `seconds` fits this step: nobody reads a stream in it; or the
-        step stays within its target; or the decodes alone overrun it (the starvation guard's
-        case, budget.py 4.) and a person's restore costs no more than they do, as the guard's
-        prompt share would; or the request has waited the loose background target."""
+    def _victims(self, slot, need: int) -> list | None:
+        """The idle slots whose KV must go for `need` more reserved cells, in the order
+        PrefixCache.evict_one takes them (least recently used first), none taken yet; None
+        when even all of them are not enough."""
+        held = self._reserved + need + self.cache.idle_tokens - len(slot.tokens)
+        candidates = sorted((s for s in self.cache.slots if not s.busy and s.tokens
+                             and s is not slot), key=lambda s: s.last_used)  # fmt: skip
+        victims = []
+        for candidate in candidates:
+            if held <= self.n_ctx:
+                break
+            victims.append(candidate)
+            held -= len(candidate.tokens)
+        return victims if held <= self.n_ctx else None
+
+    def _kv_fits(
+        self, plan: StepPlan, request: Request, seconds: float, now: float, waited: bool = True
+    ) -> bool:
+        """Whether KV copies (saves, a restore) of `seconds` fit this step: nobody reads a
+        stream in it; or the step stays within its target; or the decodes alone overrun it
+        (the starvation guard's case, budget.py 4.) and a person's copies cost no more than
+        they do, as the guard's prompt share would; or (`waited`) the request has waited the
+        loose background target."""
         if not plan.interactive:
             return True
         if self._room(plan, guard=False, extra_s=seconds) >= self.budget.min_chunk:
@@ -491,6 +535,9 @@ class Scheduler:
         if starved and is_interactive(request):
             if seconds <= self.budget.times.predict(plan.decodes):
                 return True
+        return waited and self._waited(request, now)
+
+    def _waited(self, request: Request, now: float) -> bool:
         return now - request.accepted_at >= self.budget.background_itl_target
 
     # --- readings --------------------------------------------------------------------------

@@ -12,7 +12,8 @@ For the dashboard's "now" the snapshot also carries:
   each step carried: decode tokens, prompt tokens, its seconds, its sequences; of the decodes,
   background streams' (`background`); whether an interactive stream decoded in it, so the
   ITL target bound it (`interactive`); how many running requests it left paused for
-  interactive work (`paused`)), so a long prompt can be watched being spread over steps beside
+  interactive work (`paused`); what it spent saving and restoring warm memory before the run
+  (`save_ms`, `restore_ms`)), so a long prompt can be watched being spread over steps beside
   a stream's decodes, and background work told from a person's;
 - `by_priority`: TTFT and ITL distributions and histograms per priority (interactive,
   background), two bounded label values for /metrics;
@@ -79,7 +80,9 @@ class Telemetry:
         }  # fmt: skip
         self._windows = Windows()
         # (time, decode tokens, prompt tokens, step seconds, sequences in the batch,
-        #  background decode tokens, an interactive stream decoded, requests paused)
+        #  background decode tokens, an interactive stream decoded, requests paused, drafted
+        #  tokens verified, output tokens, image positions fed, images being encoded, seconds
+        #  saving KV, seconds restoring KV)
         self._recent_steps: deque[tuple] = deque(maxlen=STEPS_KEPT)
         # (time, {(share, priority): tokens served in that step}), over the window
         self._served: deque[tuple[float, dict]] = deque()
@@ -109,18 +112,22 @@ class Telemetry:
         verify: int = 0,
         image: int = 0,
         encoding: int = 0,
+        save_s: float = 0.0,
+        restore_s: float = 0.0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
         tokens ran (`background_decode` of them background streams', `verify` of them drafted
         tokens being verified), `output` tokens were sampled (decodes, kept drafts and prompts
         that completed); `served`: tokens per (share, priority); `image`: of the prompt tokens,
         image positions fed from embeddings; `encoding`: images the encoder thread was
-        encoding when the step ended (it runs beside the steps: inference.engine.vision)."""
+        encoding when the step ended (it runs beside the steps: inference.engine.vision).
+        `seconds` is the run's; `save_s` and `restore_s` what the step spent before it saving
+        KV into the tiers and restoring it from them."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
             self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
                                        interactive, paused, verify, output, image,
-                                       encoding))  # fmt: skip
+                                       encoding, save_s, restore_s))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -257,5 +264,8 @@ class Telemetry:
                 "output": [s[9] for s in recent],
                 "image": [s[10] for s in recent],  # of the prompt tokens, image positions
                 "encoding": [s[11] for s in recent],  # images being encoded beside the step
+                # Before the run (ms is the run's): KV saved into the tiers, and restored.
+                "save_ms": [round(s[12] * 1000.0, 2) for s in recent],
+                "restore_ms": [round(s[13] * 1000.0, 2) for s in recent],
             },
         }

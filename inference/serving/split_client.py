@@ -543,15 +543,24 @@ class SplitClient:
         everything: bool = False,
     ) -> int:  # fmt: skip
         """Every worker forgets them on its own box (inference.serving.kept_prompts); the
-        entries forgotten, all workers together. No worker up: nothing to forget."""
+        entries forgotten, all workers together. The forget is recorded in Redis first, so a
+        worker that is not up now does it when it is back (worker_control.catch_up_forgets)."""
         command = {"op": "forget", "partition": partition, "everything": everything,
                    "spec": model.to_wire() if model is not None else None}  # fmt: skip
+        command["n"] = await asyncio.to_thread(self._record_forget, command)
         try:
             answers = await asyncio.to_thread(self._control, command, self.control_timeout_s)
         except NoWorker:
             return 0
         self._raise_failures(answers)
         return sum(int(a.get("result") or 0) for a in answers if a.get("ok"))
+
+    def _record_forget(self, command: dict) -> int:
+        """(In a thread.) Number a forget and keep it among the latest (split_protocol)."""
+        try:
+            return protocol.keep_forget(self.redis, command)
+        except redis.RedisError as exc:
+            raise WorkerError(f"the message broker (Redis) is unreachable: {exc}") from exc
 
     def reload_previous(self) -> None:
         """Each inference worker loads again what it had loaded (WorkerRuntime.start)."""

@@ -18,6 +18,10 @@ short TTL, so a worker that dies simply disappears: nothing has to clean up afte
     appliance:priority                pub/sub: {"request_id", "priority"} (JSON), a running
                                       request's new priority; workers without it ignore it
     appliance:control                 pub/sub: load/unload commands, heard by every worker
+    appliance:forgets                 the latest MAX_FORGETS "forget" control commands (JSON),
+                                      each numbered ("n") from appliance:forgets:next before it
+                                      is broadcast: a worker that was away does them when it is
+                                      back (worker_control.catch_up_forgets)
     appliance:copy:…                  a model copied to a box: its one-time tokens and each
                                       worker's progress (inference.serving.copies has them)
 
@@ -95,6 +99,39 @@ def claimed_key(request_id: str) -> str:
 
 def closed_key(request_id: str) -> str:
     return f"{PREFIX}:req:{request_id}:closed"
+
+
+FORGETS = f"{PREFIX}:forgets"
+FORGETS_NEXT = f"{PREFIX}:forgets:next"
+MAX_FORGETS = 1000  # a box away for more than this many forgets forgets all it keeps
+# Numbered and kept in one step: a worker catching up never sees a number before a lower one.
+_KEEP_FORGET = """
+local n = redis.call('INCR', KEYS[2])
+redis.call('RPUSH', KEYS[1], n .. ' ' .. ARGV[1])
+redis.call('LTRIM', KEYS[1], -tonumber(ARGV[2]), -1)
+return n
+"""
+
+
+def keep_forget(client: redis.Redis, command: dict) -> int:
+    """Number a "forget" control command and keep it among the latest; its number."""
+    return int(client.eval(_KEEP_FORGET, 2, FORGETS, FORGETS_NEXT, json.dumps(command),
+                           MAX_FORGETS))  # fmt: skip
+
+
+def kept_forgets(client: redis.Redis) -> list[dict]:
+    """The kept forgets, in order, each with its number as "n" (a garbled one is skipped)."""
+    commands = []
+    for raw in client.lrange(FORGETS, 0, -1):
+        number, _, text = str(raw).partition(" ")
+        try:
+            command = json.loads(text)
+            n = int(number)
+        except ValueError:
+            continue
+        if isinstance(command, dict):
+            commands.append({**command, "n": n})
+    return sorted(commands, key=lambda command: command["n"])
 
 
 def _channel(name: str, client: redis.Redis) -> str:

@@ -5,7 +5,10 @@ Command (JSON on appliance:control); one with "worker": <name> is for that worke
      "worker": <the router's choice>}
     {"op": "unload", "name": "<model>", "reply": ...}
     {"op": "forget", "partition": str | null, "spec": ModelSpec.to_wire() | null,
-     "everything": bool, "reply": ...}   (kept prompts: inference.serving.kept_prompts)
+     "everything": bool, "n": int, "reply": ...}   (kept prompts: inference.serving.kept_prompts)
+A forget is also kept in Redis, numbered (split_protocol.FORGETS): each worker does them in
+order and writes down the last it did in its directory of kept prompts, so a worker that was
+away (its box off, or cut from Redis) does the ones it missed when it is back (catch_up_forgets).
 Each worker RPUSHes one answer onto the reply list:
     {"worker": name, "ok": true, "result": <bool for unload, true for load>}
     {"worker": name, "ok": false, "error": <a RefusalKind>, "message": str}
@@ -13,7 +16,10 @@ Each worker RPUSHes one answer onto the reply list:
 
 import json
 import logging
+import os
+import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import redis
 
@@ -26,6 +32,9 @@ log = logging.getLogger(__name__)
 
 REPLY_PREFIX = f"{keys.PREFIX}:control:reply:"
 REPLY_TTL_S = 600  # a reply nobody collected (the asker gave up) does not stay forever
+HEARD_NAME = ".forgets-heard"  # in the worker's directory of kept prompts: the last "n" done
+
+_forgets_in_order = threading.Lock()
 
 
 def _same(spec: ModelSpec) -> ModelSpec:
@@ -63,6 +72,64 @@ def run_command(
 
 
 def _forget(host: EngineHost, command: dict, resolve, prompts_dir: str) -> int:
+    """A forget heard live: done once, in order. One after a gap (a forget this worker missed
+    while it listened again) is done at once, and the gap at the next catch-up."""
+    n = command.get("n")
+    if type(n) is not int or not prompts_dir:
+        return _do_forget(host, command, resolve, prompts_dir)
+    with _forgets_in_order:
+        heard = _heard(prompts_dir)
+        if n <= heard:
+            return 0  # a catch-up did it already
+        done = _do_forget(host, command, resolve, prompts_dir)
+        if n == heard + 1:
+            _set_heard(prompts_dir, n)
+        return done
+
+
+def catch_up_forgets(
+    host: EngineHost, worker: str, client: redis.Redis, resolve=_same, prompts_dir: str = "",
+) -> int:  # fmt: skip
+    """Do the forgets kept in Redis that this worker has not done (at start, and whenever its
+    listener subscribes again), in order; the entries forgotten. When some it missed are no
+    longer kept (more than MAX_FORGETS since), everything it keeps is forgotten instead."""
+    if not prompts_dir:
+        return 0
+    with _forgets_in_order:
+        heard = _heard(prompts_dir)
+        missed = [command for command in keys.kept_forgets(client) if command["n"] > heard]
+        if not missed:
+            return 0
+        done = 0
+        if missed[0]["n"] > heard + 1:
+            log.warning("%s missed forgets no longer kept: forgetting every kept prompt", worker)
+            done += kept_prompts.forget(host, prompts_dir, everything=True).total
+        for command in missed:
+            try:
+                done += _do_forget(host, command, resolve, prompts_dir)
+            except (ValueError, TypeError, KeyError) as exc:  # a malformed one: nothing to do
+                log.warning("%s skips a malformed forget: %s", worker, exc)
+            _set_heard(prompts_dir, command["n"])
+        log.info("%s did %d forgets it had missed", worker, len(missed))
+        return done
+
+
+def _heard(prompts_dir: str) -> int:
+    try:
+        return int((Path(prompts_dir) / HEARD_NAME).read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _set_heard(prompts_dir: str, n: int) -> None:
+    path = Path(prompts_dir) / HEARD_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(HEARD_NAME + ".new")
+    temporary.write_text(str(n))
+    os.replace(temporary, path)
+
+
+def _do_forget(host: EngineHost, command: dict, resolve, prompts_dir: str) -> int:
     partition = command.get("partition")
     if partition is not None and (not isinstance(partition, str) or len(partition) > 128):
         raise ValueError("a partition is a short string")

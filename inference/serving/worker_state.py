@@ -12,7 +12,8 @@ it is answering, and the threads that make it visible and reachable from the web
 - telemetry: every TELEMETRY_INTERVAL_S, the worker's snapshot (inference.serving.feed) into a
   Redis key that SplitClient.snapshots() reads, and to the dashboards (feed.publish).
 - listener: pub/sub "appliance:cancel" (a request id), "appliance:priority" (a request's new
-  priority) and "appliance:control" (load/unload).
+  priority) and "appliance:control" (load/unload/forget); each time it subscribes, it does the
+  forgets of kept prompts broadcast while it was away (worker_control.catch_up_forgets).
 
 No database here: a worker on another box only has Redis and the model files.
 """
@@ -48,7 +49,7 @@ from inference.serving.announcement import MAX_WARM, LoadedModel, WorkerAnnounce
 from inference.serving.feed import publish, worker_snapshot
 from inference.serving.hosting import make_host, make_supervisor, reload_previous
 from inference.serving.model_index import ModelIndex
-from inference.serving.worker_control import execute_control
+from inference.serving.worker_control import catch_up_forgets, execute_control
 
 log = logging.getLogger(__name__)
 
@@ -393,6 +394,9 @@ class WorkerRuntime:
             pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 pubsub.subscribe(cancel, priority, control)
+                # Heard live from now on; those broadcast while it did not listen, from Redis.
+                threading.Thread(target=self._catch_up_forgets, name=f"forgets-{self.name}",
+                                 daemon=True).start()  # fmt: skip
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is None:
@@ -413,6 +417,13 @@ class WorkerRuntime:
                     pubsub.close()
                 except redis.RedisError:
                     pass
+
+    def _catch_up_forgets(self) -> None:
+        try:
+            catch_up_forgets(self.host, self.name, self.redis, self.local_spec,
+                             self.supervisor.prompt_cache.directory)  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - the next subscription tries again
+            log.warning("%s could not catch up on forgets: %s", self.name, exc)
 
     def _control(self, data: str) -> None:
         """Run a load/unload on its own thread: a load can take minutes, and cancels must still

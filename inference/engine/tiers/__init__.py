@@ -9,8 +9,11 @@ costs less than reading it again.
 
     entries  what an entry is: its layout (what must match for a restore), tokens, bytes
     store    the two tiers' bookkeeping: lookup, put, bounds, forget (engine thread only)
+    index    which entries share a prefix with a prompt, without looking at every entry
     files    the disk format of one entry and the directory of a model's entries
-    disk     the disk tier: the directory, its bound, and the I/O thread that reads and writes
+    forgets  forgets written down before they are done, applied by whoever holds the entries
+    disk     the disk tier: the directory and the I/O thread that reads and writes it
+    ledger   the disk bound, the box's: every runner's writes reserved against one account
     costs    restore or recompute, from measured rates
 """
 

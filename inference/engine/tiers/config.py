@@ -5,7 +5,7 @@ them from the machine when the serving process starts: a quarter of the RAM avai
 most 8 GiB, and a quarter of the data directory's free disk, at most 64 GiB. Each runner gets
 the RAM bound divided by the models that may be loaded at once (its runner process holds its
 RAM tier, so the sum of the runners' tiers holds the box's bound), and the whole disk bound,
-shared among models' directories by the disk tier (disk.DiskTier._make_room_elsewhere).
+which the runners alive share, each write reserved against one account of the tree (ledger).
 """
 
 import logging
@@ -76,6 +76,8 @@ def open_store(config: PromptCacheConfig | None, runner_config, runner) -> Promp
         return None
     disk = None
     if config.directory and config.disk_bytes > 0:
-        disk = DiskTier(Path(config.directory), layout_for(config, runner_config, runner),
-                        config.disk_bytes)  # fmt: skip
+        directory = Path(config.directory)
+        # The bound is the box's: every worker's directory under the data directory's one.
+        disk = DiskTier(directory, layout_for(config, runner_config, runner), config.disk_bytes,
+                        box_root=directory.parent)  # fmt: skip
     return PromptStore(config.ram_bytes, disk).open()

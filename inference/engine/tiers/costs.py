@@ -1,4 +1,5 @@
-"""Restore or recompute: what a kept prefix costs to bring back against reading it again.
+"""Restore or recompute: what a kept prefix costs to bring back against reading it again; and
+what a save costs the step it happens in.
 
 A restore costs its whole entry's bytes (llama.cpp restores a sequence whole; the runner then
 trims it to the shared prefix): `bytes / ram rate` from RAM, plus `bytes / disk rate` for a
@@ -38,6 +39,22 @@ class _Rate:
 class RestoreCosts:
     ram: _Rate = field(default_factory=lambda: _Rate(RAM_PRIOR))
     disk: _Rate = field(default_factory=lambda: _Rate(DISK_PRIOR))
+    save: _Rate = field(default_factory=lambda: _Rate(RAM_PRIOR))
+    # A saved state's bytes per token (the model's KV per token, and the state's headers):
+    # measured at each save; until the first, what the entries found on disk say, or nothing.
+    per_token: deque = field(default_factory=lambda: deque(maxlen=9))
+
+    def save_seconds(self, n_tokens: int) -> float:
+        """A save of a sequence holding n_tokens (llama_state_seq_get_data): what a step
+        spends on it."""
+        per_token = statistics.median(self.per_token) if self.per_token else 0.0
+        return FIXED_S + n_tokens * per_token / self.save.value
+
+    def observe_save(self, n_tokens: int, n_bytes: int, seconds: float | None) -> None:
+        if n_tokens:
+            self.per_token.append(n_bytes / n_tokens)
+        if seconds is not None:
+            self.save.observe(n_bytes, seconds)
 
     def restore_seconds(self, n_bytes: int) -> float:
         """Into the context from RAM: what a step spends on it."""
@@ -59,4 +76,5 @@ class RestoreCosts:
         self.disk.observe(n_bytes, seconds)
 
     def rates(self) -> dict:
-        return {"restore_bytes_per_s": self.ram.value, "disk_bytes_per_s": self.disk.value}
+        return {"restore_bytes_per_s": self.ram.value, "disk_bytes_per_s": self.disk.value,
+                "save_bytes_per_s": self.save.value}  # fmt: skip

@@ -1,9 +1,13 @@
 """What a kept prompt is: the KV state of one sequence, the token ids it holds, whose it is.
 
-An entry is restored only into a context whose `KvLayout` is the one it was saved from: the
-same model file (by content and, against a file replaced under the same name, by size and
-modification time) and every load setting that shapes the KV (context per sequence, KV type,
-flash attention, which puts V transposed or not, GPU offload, the llama.cpp state format).
+An entry is restored only into a context whose `KvLayout` has its key: the same model file (by
+content and, against a file replaced under the same name, by size and modification time), the
+same KV type, flash attention (which puts V transposed or not) and llama.cpp state format. The
+context per sequence and the GPU offload may differ: a state holds cells, not their placement,
+and an entry whose tokens fit the new context restores into it (llama.cpp checks the types,
+layers and V layout again when the state is set, and a refusal there is a cold read). So a
+reload with another context (the preflight, a client's num_ctx) or offload keeps its warm
+memory: a layout's directory is named by its key alone.
 """
 
 import hashlib
@@ -15,9 +19,14 @@ import numpy as np
 TIERS = ("resident", "ram", "disk")  # where a request's cached tokens came from
 
 
+# What a saved state's context must share with the one it is restored into (module doc).
+KEY_FIELDS = ("model", "file_size", "file_mtime_ns", "kv_type", "flash_attn", "state_format")
+
+
 @dataclass(slots=True, frozen=True)
 class KvLayout:
-    """Everything that must match exactly for a saved state to be handed to llama.cpp."""
+    """What shapes a saved state: `key()` must match for it to be handed to llama.cpp, and its
+    tokens must fit `ctx_per_seq`; `n_gpu_layers` is said in the header, for the record."""
 
     model: str  # the file's sha256, or "file:" + its path when not hashed yet
     file_size: int
@@ -31,10 +40,18 @@ class KvLayout:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def key(self) -> dict:
+        return {name: getattr(self, name) for name in KEY_FIELDS}
+
+    def restores(self, saved: dict) -> bool:
+        """Whether a state saved with layout `saved` (a header's) may be handed to a context of
+        this one (its tokens' count is checked against ctx_per_seq apart)."""
+        return {name: saved.get(name) for name in KEY_FIELDS} == self.key()
+
     @property
     def digest(self) -> str:
-        """A short name for this layout (its directory on disk)."""
-        text = json.dumps(self.as_dict(), sort_keys=True).encode()
+        """A short name for this layout's key (its directory on disk)."""
+        text = json.dumps(self.key(), sort_keys=True).encode()
         return hashlib.sha256(text).hexdigest()[:16]
 
     @property
@@ -66,7 +83,10 @@ class KvEntry:
     dropped: bool = False  # forgotten or evicted while the disk thread had it
     restores: int = field(default=0)
     read_seconds: float = 0.0  # what its last read from disk took
-    rereads: int = 0  # reads queued again because RAM was full of spills in flight
+    rereads: int = 0  # reads queued again behind writes that free the RAM it needs
+    leaving: bool = False  # it leaves RAM once written (its write is queued or running)
+    held: bool = False  # dropped while being written: the write job still holds its state
+    unwritable: bool = False  # its write failed: it stays in RAM only
 
     @property
     def n_tokens(self) -> int:

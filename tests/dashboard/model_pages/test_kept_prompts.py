@@ -3,12 +3,22 @@ them all, on every box, and a delete that takes them with the model. The inferen
 host runs fake runners whose engine keeps prompts in a real PromptStore; the disk tier is real
 files under this test's data directory."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 from django.urls import reverse
 
+from inference.engine.host import EngineHost
+from inference.engine.tiers import PromptStore
+from inference.engine.tiers.disk import DiskTier
 from inference.serving import client as client_module
+from inference.serving.client import EmbeddedClient, set_client
+from inference.serving.hosting import EMBEDDED, prompt_cache_config
+from tests.dashboard import kept_prompts
 from tests.dashboard.kept_prompts import OTHER, SHA, files_of, keep, on_disk
 from tests.dashboard.model_pages.conftest import flashes
+from tests.inference.engine.fakes import FakeRunner, engines_on
 
 pytestmark = pytest.mark.django_db
 
@@ -18,6 +28,33 @@ def hashed_model(tiny_model):
     tiny_model.sha256 = SHA
     tiny_model.save(update_fields=["sha256"])
     return tiny_model
+
+
+@pytest.fixture
+def reloaded_smaller(settings, tmp_path):
+    """Kept prompts of 20 tokens on disk from a load with 256 tokens a sequence; the host's
+    engines keep prompts in a store opened on them with 16 (a client asked a smaller num_ctx)."""
+    settings.DATA_DIR = tmp_path
+    directory = Path(prompt_cache_config(EMBEDDED).directory)
+    on_disk(directory, SHA, ["apikey:1", "user:2"])
+    layout = dataclasses.replace(kept_prompts._layout(SHA), ctx_per_seq=16)
+    store = PromptStore(1 << 20, DiskTier(directory, layout, 1 << 30)).open()
+    host = EngineHost(engines_on(lambda config: FakeRunner(), prompts=store), max_loaded=1)
+    previous = client_module._client
+    set_client(EmbeddedClient(host))
+    yield host
+    set_client(previous)
+    host.shutdown()
+    store.close()
+
+
+def test_the_page_says_what_a_load_dropped_from_disk_and_why(
+    staff, hashed_model, reloaded_smaller
+):
+    staff.post(reverse("model-load", args=[hashed_model.name]))
+    page = staff.get(reverse("model-detail", args=[hashed_model.name])).content.decode()
+    assert ("At load it dropped 2 entries: longer than this load&#x27;s context (16 tokens)."
+            in page)  # fmt: skip
 
 
 def forget(client, model):

@@ -264,7 +264,8 @@ def warm_engine() -> dict:
                     "restore_seconds": 0.08, "saved_seconds": 11.5},
             "restore_bytes_per_s": 9.5e9, "disk_bytes_per_s": 1.2e9,
             "ram": {"bytes": 700 << 20, "bound": 1 << 30, "entries": 14, "peak": 900 << 20},
-            "disk": {"bytes": 3 << 30, "entries": 40, "bound": 20 << 30, "enabled": True},
+            "disk": {"bytes": 3 << 30, "entries": 40, "bound": 20 << 30, "enabled": True,
+                     "note": "dropped 3 entries: longer than this load's context (2048 tokens)"},
             "saved": 60, "spilled": 40, "dropped": 1, "fetched": 2, "unreadable": 1,
             "spill_failed": 0, "forgotten": 3, "conversations": ["ab12", "cd34"],
         },
@@ -286,6 +287,7 @@ def test_the_kept_prompts_panel_shows_each_tier_against_its_bound_and_what_it_se
     assert kept["enabled"] is True
     assert kept["ram"] == {"bytes": 700 << 20, "bound": 1 << 30, "entries": 14}
     assert kept["disk"] == {"bytes": 3 << 30, "bound": 20 << 30, "entries": 40}
+    assert kept["disk_note"] == "dropped 3 entries: longer than this load's context (2048 tokens)"
     assert kept["admitted"] == {"resident": 12, "ram": 5, "disk": 2, "miss": 6}
     assert kept["tokens"] == {"resident": 5400, "ram": 2100, "disk": 900}
     assert (kept["saved_s"], kept["restore_s"]) == (11.5, 0.08)
@@ -327,6 +329,10 @@ def test_kept_prompt_figures_from_a_worker_are_not_trusted_as_they_come():
     # Over its bound is shown as it is: that the bound holds is what the panel is for.
     assert kept["ram"] == {"bytes": 2 << 30, "bound": 1 << 30, "entries": 0}
     assert kept["disk"] is None  # "yes" is not true
+    noted = warm_engine()["prompt_cache"]
+    noted["disk"]["note"] = ["dropped"]
+    assert panels({"models": {"m": {"prompt_cache": noted}}})["models"]["m"]["prompt_cache"][
+        "disk_note"] == ""  # fmt: skip
     assert kept["saved"] == 0 and kept["dropped"] == 0
     assert panels({"models": {"m": {"prompt_cache": "on"}}})["models"]["m"]["prompt_cache"] is None
 

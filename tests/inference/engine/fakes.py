@@ -154,6 +154,10 @@ class FakeRunner:
         with self._lock:
             return len(self.kv[seq_id]) == position
 
+    def state_size(self, seq_id: int) -> int:
+        with self._lock:
+            return len(json.dumps({"fake-kv": self.kv[seq_id]}).encode())
+
     def save(self, seq_id: int) -> bytearray:
         """A sequence's KV as bytes: its token ids, tagged so that a wrong state is refused."""
         with self._lock:

@@ -113,7 +113,8 @@ def test_the_snapshot_shows_steps_that_carried_a_prompt_beside_a_decode(make_eng
     steps = snap["steps"]
     assert set(steps) == {"ago", "decode", "prompt", "ms", "seqs",
                           "background", "interactive", "paused", "verify",
-                          "output", "image", "encoding"}  # fmt: skip
+                          "output", "image", "encoding", "save_ms",
+                          "restore_ms"}  # fmt: skip
     assert len({len(column) for column in steps.values()}) == 1
     mixed = [(d, p) for d, p in zip(steps["decode"], steps["prompt"], strict=True) if d and p]
     assert len(mixed) >= 7  # the 120-token prompt went in beside the stream's token

@@ -2,7 +2,10 @@
 says it is (the layout, its size, its checksums)."""
 
 import dataclasses
+import fcntl
 import os
+import threading
+import zlib
 
 import pytest
 
@@ -26,8 +29,9 @@ def test_an_entry_reads_back_as_it_was_written(tmp_path, layout):
     assert files.read_payload(path, layout, kept) == bytearray(b"state" * 100)
 
 
-@pytest.mark.parametrize("setting", ["model", "file_mtime_ns", "ctx_per_seq", "kv_type",
-                                     "flash_attn", "n_gpu_layers", "state_format"])
+@pytest.mark.parametrize(
+    "setting", ["model", "file_mtime_ns", "kv_type", "flash_attn", "state_format"]
+)
 def test_an_entry_of_another_layout_is_refused(tmp_path, layout, setting):
     _, path = written(tmp_path, layout)
     value = getattr(layout, setting)
@@ -35,6 +39,23 @@ def test_an_entry_of_another_layout_is_refused(tmp_path, layout, setting):
     other = changed[type(value)](value)
     with pytest.raises(files.BadEntry, match="other load settings"):
         files.read_header(path, dataclasses.replace(layout, **{setting: other}))
+
+
+@pytest.mark.parametrize("setting", ["ctx_per_seq", "n_gpu_layers"])
+def test_an_entry_saved_with_another_context_or_offload_reads_back(tmp_path, layout, setting):
+    kept, path = written(tmp_path, layout)
+    other = dataclasses.replace(layout, **{setting: getattr(layout, setting) + 7})
+    assert other.digest == layout.digest  # the same directory
+    assert list(files.read_header(path, other).tokens) == list(range(40))
+
+
+def test_a_header_that_is_json_but_not_an_object_is_refused(tmp_path, layout):
+    header = b"[1, 2]"
+    path = tmp_path / "list.kv"
+    path.write_bytes(files._PREFIX.pack(files.MAGIC, files.FORMAT, 0, len(header)) + header
+                     + files._CRC.pack(zlib.crc32(header)))  # fmt: skip
+    with pytest.raises(files.BadEntry, match="not an entry's"):
+        files.read_header(path, layout)
 
 
 def test_a_truncated_entry_is_refused(tmp_path, layout):
@@ -106,3 +127,22 @@ def test_entries_are_readable_by_the_appliances_own_user_only(tmp_path, layout):
     held = files.lock(tmp_path / "model" / "layout")
     assert (tmp_path / "model" / "layout").stat().st_mode & 0o777 == 0o700
     held.close()
+
+
+def test_a_runner_taking_its_directory_while_a_probe_looks_at_it_takes_it(tmp_path):
+    """A probe (is_locked, a forget, another runner's ledger) holds the directory's lock for a
+    moment: a runner starting then waits it out instead of running without its disk tier."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    probe = open(directory / files.LOCK_NAME, "a+b")  # noqa: SIM115
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)  # what is_locked holds for its moment
+    assert not files.is_locked(directory)  # probes do not exclude each other
+    taken = []
+    starting = threading.Thread(target=lambda: taken.append(files.lock(directory)))
+    starting.start()
+    starting.join(0.05)
+    probe.close()  # the probe is done
+    starting.join(5)
+    assert taken and taken[0] is not None
+    assert files.is_locked(directory)
+    taken[0].close()

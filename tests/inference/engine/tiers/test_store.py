@@ -66,13 +66,14 @@ def test_the_ram_tier_never_holds_more_than_its_bound_without_a_disk():
 
 def test_the_ram_tier_holds_its_bound_while_spilling_to_disk(tmp_path, layout):
     store = disk_store(tmp_path, layout, ram=10_000)
-    for n in range(40):
+    for n in range(40):  # saves a step apart: what was written ahead leaves RAM at once
         store.put("p", f"c{n}", ids(20, 100 * n), state(1_500))
         assert store.ram_used <= 10_000
+        assert store.disk.drain(10)
     assert store.disk.drain(10)
     stats = store.stats()
     assert stats["ram"]["peak"] <= 10_000 and stats["dropped"] == 0
-    assert stats["ram"]["entries"] + stats["disk"]["entries"] == 40
+    assert len(store.held()) == 40  # in RAM, on disk, or both (written ahead)
     assert len(list(store.disk.directory.glob("*.kv"))) == stats["disk"]["entries"]
     store.close()
 
@@ -106,8 +107,9 @@ def test_forgetting_a_partition_drops_it_from_both_tiers(tmp_path, layout):
     store = disk_store(tmp_path, layout, ram=3_000)
     for n in range(4):
         store.put("apikey:1", f"a{n}", ids(20, 100 * n), state(1_000))
+        assert store.disk.drain(10)
         store.put("apikey:2", f"b{n}", ids(20, 100 * n), state(1_000))
-    assert store.disk.drain(10)
+        assert store.disk.drain(10)
     assert store.forget("apikey:1") == 4
     assert store.disk.drain(10)
     assert {e.partition for e in store.held()} == {"apikey:2"}
@@ -132,3 +134,86 @@ def test_a_flush_writes_what_ram_holds_and_a_new_store_finds_it(tmp_path, layout
 def test_a_negative_bound_is_refused():
     with pytest.raises(ValueError):
         PromptStore(-1)
+
+
+# --- defects found in review (issue 30) ----------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_an_entry_on_disk_larger_than_the_ram_bound_is_no_candidate_and_evicts_nothing(
+    tmp_path, layout
+):
+    first = disk_store(tmp_path, layout, ram=1 << 20)
+    first.put("p", "big", ids(40), state(5_000))
+    first.flush(10)
+    first.close()
+    store = disk_store(tmp_path, layout, ram=4_000)  # restarted with less RAM
+    for n in range(3):
+        store.put("p", f"c{n}", ids(20, 100 * (n + 1)), state(1_000))
+    [big] = [e for e in store.held() if e.cache_key == "big"]
+    assert store.lookup("p", np.asarray(ids(45), dtype=np.int32)) is None
+    assert not store.fetch(big)  # never read into a RAM tier it cannot fit
+    assert store.ram_used == 3_000 and big.on_disk and not big.in_ram
+    store.close()
+
+
+def test_the_bookkeeping_matches_what_is_held_through_saves_fetches_and_forgets(tmp_path, layout):
+    import random
+
+    rng = random.Random(3)
+    store = disk_store(tmp_path, layout, ram=6_000, disk=20_000)
+    for step in range(300):
+        choice = rng.random()
+        if choice < 0.5:
+            n = rng.choice([500, 1_000, 2_000])
+            if store.reserve(n):
+                store.put(rng.choice("ab"), None, ids(20, 40 * step), state(n), reserved=n)
+        elif choice < 0.85:
+            on_disk = [e for e in store.held() if e.on_disk and not e.in_ram]
+            if on_disk:
+                store.fetch(rng.choice(on_disk))
+        elif choice < 0.9:
+            store.forget(rng.choice("ab"))
+        elif choice < 0.95:
+            assert store.disk.drain(10)
+        assert store.ram_used <= 6_000
+    assert store.disk.drain(10)
+    held = store.held()
+    assert store.ram_used == sum(e.n_bytes for e in held if e.in_ram)
+    assert store.disk_used == sum(e.n_bytes for e in held if e.on_disk) <= 20_000
+    assert {p.stem for p in store.disk.directory.glob("*.kv")} == {e.id for e in held if e.on_disk}
+    assert store.ram_peak <= 6_000
+    assert store.stats()["disk"]["entries"] == sum(e.on_disk for e in held)
+    store.close()
+
+
+def test_a_runner_keeps_nothing_in_ram_while_a_stopped_one_still_writes_its_own(
+    tmp_path, layout, monkeypatch
+):
+    import dataclasses
+    import time
+
+    from inference.engine.tiers import files
+
+    gate = threading.Event()
+    write = files.write_entry
+    monkeypatch.setattr(files, "write_entry", lambda *args: (gate.wait(10), write(*args))[1])
+    stopping = disk_store(tmp_path, dataclasses.replace(layout, model="cd" * 32), ram=4_000)
+    stopping.put("p", "c", ids(20), state(3_000))
+    flush = threading.Thread(target=stopping.flush, args=(10,))
+    flush.start()  # its write waits at the gate: its RAM tier is still held
+    deadline = time.monotonic() + 5
+    while files.marked(stopping.disk.directory) != "flushing" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    starting = disk_store(tmp_path, layout, ram=4_000)  # another model, the same worker
+    assert starting.put("p", "new", ids(20, 500), state(3_000)) is None
+    assert starting.ram_used == 0
+    gate.set()
+    flush.join(10)
+    stopping.close()
+    deadline = time.monotonic() + 5
+    while starting.put("p", "new", ids(20, 500), state(3_000)) is None:
+        assert time.monotonic() < deadline, "the RAM tier never took its share"
+        time.sleep(0.05)
+    assert starting.ram_used == 3_000
+    starting.close()
