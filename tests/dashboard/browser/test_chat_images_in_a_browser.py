@@ -26,11 +26,12 @@ DELIVER = """([kind, target, data]) => {
   const transfer = new DataTransfer();
   transfer.items.add(new File([bytes], kind + ".png", { type: "image/png" }));
   const element = document.getElementById(target);
+  const how = { bubbles: true, cancelable: true };
   if (kind === "paste") {
-    element.dispatchEvent(new ClipboardEvent("paste", { clipboardData: transfer, bubbles: true, cancelable: true }));
+    element.dispatchEvent(new ClipboardEvent("paste", { ...how, clipboardData: transfer }));
   } else {
-    element.dispatchEvent(new DragEvent("dragenter", { dataTransfer: transfer, bubbles: true }));
-    element.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+    element.dispatchEvent(new DragEvent("dragenter", { ...how, dataTransfer: transfer }));
+    element.dispatchEvent(new DragEvent("drop", { ...how, dataTransfer: transfer }));
   }
 }"""
 
@@ -61,9 +62,12 @@ def _b64(seed: int) -> str:
     return base64.b64encode(picture(seed=seed)).decode()
 
 
+ARRIVED = "els => els.length > 0 && els.every((e) => e.complete && e.naturalWidth > 0)"
+
+
 def _loaded(locator) -> bool:
     """Every image under `locator` has arrived from the appliance (the owner's view)."""
-    return locator.evaluate_all("els => els.length > 0 && els.every((e) => e.complete && e.naturalWidth > 0)")
+    return locator.evaluate_all(ARRIVED)
 
 
 @pytest.mark.parametrize("size", SIZES)
