@@ -53,6 +53,7 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
         "max_images": MAX_IMAGES,
         "max_image_bytes": images.MAX_IMAGE_BYTES,
         "image_types": sorted(MIME_TYPES),
+        "image_tokens": turn_request.IMAGE_TOKENS_ESTIMATE,  # the counter's estimate per image
     }
     if conversation is not None:
         data["conversation"] = {

@@ -28,6 +28,7 @@
   let statusFrame = null;
   let statusSince = 0;
   let statusTimer = null;
+  let pending = []; // the composer's pictures: {name, state: "uploading" | "ready", id, url, width, height}
 
   // --- message views ---------------------------------------------------------------------------
 
@@ -447,10 +448,13 @@
     drawCounter();
   }
 
+  // The composer's pictures are not in a count (an image's tokens are the projector's to say):
+  // each adds what the appliance reckons an image costs.
   function estimate(text) {
     const ratio = charsPerToken();
+    const pictures = pending.length * (data.image_tokens || 0);
     if (counted && counted.tokens !== null && sameAsk(counted, composerState(), false)) {
-      return Math.max(0, counted.tokens + Math.ceil((text.length - counted.content.length) / ratio));
+      return Math.max(0, counted.tokens + Math.ceil((text.length - counted.content.length) / ratio)) + pictures;
     }
     let base = 0;
     let i = views.length - 1;
@@ -459,8 +463,10 @@
       if (views[i].message.role === "assistant" && f.prompt_tokens) { base = f.prompt_tokens + (f.output_tokens || 0); break; }
     }
     if (i < 0) base = Math.ceil(((els.system.value || "").length) / ratio);
-    views.slice(i + 1).forEach((v) => { base += Math.ceil(v.message.content.length / ratio) + 8; });
-    return base + (text ? Math.ceil(text.length / ratio) + 8 : 0);
+    views.slice(i + 1).forEach((v) => {
+      base += Math.ceil(v.message.content.length / ratio) + 8 + v.message.images.length * (data.image_tokens || 0);
+    });
+    return base + (text ? Math.ceil(text.length / ratio) + 8 : 0) + pictures;
   }
 
   function updateCounter() {
@@ -482,7 +488,7 @@
     els.send.disabled = false;
     const state = composerState();
     const thisText = counted && sameAsk(counted, state, true);
-    const exact = thisText && counted.tokens !== null ? counted : null;
+    const exact = thisText && counted.tokens !== null && !pending.length ? counted : null;
     const ctx = (exact && exact.context) || chosenContext();
     if (!ctx) { els.counter.textContent = ""; els.counter.className = "counter"; return; }
     const total = exact ? exact.tokens : estimate(text);
@@ -717,7 +723,6 @@
      id), shown as a thumbnail with a remove button, and the send frame names the ids in the
      order they were attached. The bounds are checked here and again by the appliance. */
   const csrfToken = (els.composer.querySelector("input[name=csrfmiddlewaretoken]") || {}).value || "";
-  let pending = []; // {name, state: "uploading" | "ready", id, url, width, height}
 
   function takesImages() {
     return (data.vision_models || []).includes(els.model.value);

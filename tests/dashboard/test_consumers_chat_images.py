@@ -88,7 +88,14 @@ async def test_a_send_with_pictures_reaches_the_client_with_them_as_media_in_ord
     ws, _, _ = await open_socket("/ws/chat/", member)
     opening = await _turn(ws, {"type": "send", "conversation": None, "content": "Compare them.",
                                "model": short.name, "images": ids})  # fmt: skip
+    # The composer's counter: the model is loaded, but its tokenizer would count the markers,
+    # not the images' tokens, so there is no count and the page estimates.
+    await ws.send_json_to({"type": "count", "seq": 1, "conversation": opening["id"],
+                           "content": "And now?"})  # fmt: skip
+    count = await ws.receive_json_from(timeout=60)
     await ws.disconnect()
+    assert count["type"] == "count" and count["seq"] == 1
+    assert count["tokens"] is None and count["context"] == short.n_ctx
 
     (request,) = reaching_the_client
     assert [image.digest for image in request.media] == [_digest(2), _digest(1)]

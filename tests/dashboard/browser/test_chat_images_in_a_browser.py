@@ -136,5 +136,22 @@ def test_pictures_are_attached_shown_sent_and_kept_in_the_conversation(
                            ".every((e) => e.complete && e.naturalWidth > 0)")  # fmt: skip
     assert _loaded(shown)
     assert shown.first.get_attribute("width") == "64"  # the pixel size read from the header
+
+    # An edit keeps the question's pictures unless removed: remove one, send the new version.
+    if not phone:
+        page.locator(".msg-user .edit").last.click()
+        editor = page.locator(".editor")
+        expect(editor.locator(".attachment img")).to_have_count(2)
+        editor.locator(".remove-image").first.click()
+        expect(editor.locator(".attachment img")).to_have_count(1)
+        editor.locator("textarea").fill("And this one alone?")
+        page.screenshot(path=str(artifacts / "chat-images-desktop-edit.png"))
+        editor.locator("button[type=submit]").click()
+        edited = page.locator(".msg-user").last
+        expect(edited.locator(".msg-body")).to_have_text("And this one alone?", timeout=30_000)
+        expect(edited.locator(".msg-images img")).to_have_count(1)
+        expect(page.locator("#send")).to_be_visible(timeout=ANSWER_MS)
+        page.reload()
+        expect(page.locator(".msg-user").last.locator(".msg-images img")).to_have_count(1)
     context.close()
     assert errors == []
