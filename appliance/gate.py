@@ -10,6 +10,8 @@ copied. This ASGI middleware answers before reading anything:
   read it);
 - 302 to the sign-in page for a page's file upload (POST /models/upload/, and a model page's
   projector, /models/<name>/projector/) without a session cookie;
+- for POST /chat/images/ (a picture for the chat page), 401 without a session cookie and 413
+  over dashboard.chat.images' MAX_IMAGE_BYTES, from its Content-Length or as it streams;
 - 413 for an API body over the endpoint's cap, from its Content-Length, or, for a body without
   one (chunked), as soon as the bytes counted so far pass the cap.
 
@@ -66,9 +68,11 @@ from appliance.arrival import stamped
 from dashboard.api.auth import KEY_HEADERS, key_for, policy_of, presented_key
 from dashboard.api.errors import ApiError, Dialect
 from dashboard.api.urls import ROOT_PATHS
+from dashboard.chat.images import MAX_IMAGE_BYTES
 
 # The pages' file uploads, which stream a file of any size into the models directory.
 UPLOAD_PATHS = re.compile(r"^/models/(upload|[-a-zA-Z0-9_]+/projector)/$")
+CHAT_IMAGES_PATH = "/chat/images/"
 
 Responder = Callable[[Callable], Awaitable[None]]  # given `send`, sends a whole answer
 
@@ -155,6 +159,8 @@ class BodyGate:
                 if not _has_cookie(scope, settings.SESSION_COOKIE_NAME):
                     return await _to_login(send, path)
                 return await self.app(scope, receive, send)
+            if path == CHAT_IMAGES_PATH and scope["method"] == "POST":
+                return await _chat_image(self.app, scope, receive, send)
             rule = api_rule(path)
             if rule is None:
                 return await self.app(scope, receive, send)
@@ -195,6 +201,21 @@ async def _refusal(scope: dict, rule: ApiRule, length: int | None) -> Responder 
     if length is not None and length > rule.cap:
         return _too_large(rule.dialect)
     return None
+
+
+async def _chat_image(app, scope: dict, receive, send) -> None:
+    """A chat page's picture: the page's script reads a JSON refusal (dashboard.web.images)."""
+    if not _has_cookie(scope, settings.SESSION_COOKIE_NAME):
+        return await _responder(401, "you have been logged out; log in again", "unauthorized",
+                                "openai")(send)  # fmt: skip
+    cap = MAX_IMAGE_BYTES
+    length = _body_length(scope)
+    if length is not None and length > cap:
+        return await _responder(413, f"an image may be at most {cap >> 20} MB", "too_large",
+                                "openai")(send)  # fmt: skip
+    if length is None:
+        receive, send = _counting(receive, send, cap, "openai")
+    return await app(scope, receive, send)
 
 
 async def _to_login(send, path: str) -> None:

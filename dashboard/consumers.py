@@ -5,8 +5,10 @@ socket outlives a logout. Origins are checked in asgi.py (AllowedHostsOriginVali
 
 Chat frames in:
     {"type": "send", "conversation": id | null, "content": str,
-     "model": str?, "system_prompt": str?}
-    {"type": "edit", "conversation": id, "message": id, "content": str}  (a question, resent)
+     "model": str?, "system_prompt": str?, "images": [id]?}  (images: attachments uploaded to
+     POST /chat/images/, in order; with images the content may be empty)
+    {"type": "edit", "conversation": id, "message": id, "content": str, "images": [id]?}
+     (a question, resent; without images it keeps the question's)
     {"type": "regenerate", "conversation": id}
     {"type": "continue", "conversation": id}  (the last answer writes on)
     {"type": "attach", "conversation": id}  (watch its running answer, after a reload)
@@ -59,6 +61,7 @@ from dashboard.web import telemetry
 from dashboard.web.boxes import box_for
 from dashboard.web.panels import panels, shares_in
 from dashboard.web.share_names import share_names_async
+from inference.engine.generation import MAX_IMAGES
 from inference.serving.feed import TELEMETRY_GROUP
 
 log = logging.getLogger(__name__)
@@ -188,24 +191,27 @@ class ChatConsumer(_JsonConsumer):
 
     async def on_send(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=False)
-        content = _content(frame)
+        images = _image_ids(frame)
+        content = _content(frame, pictures=bool(images))
         model = _optional_str(frame, "model", turns.MAX_MODEL_NAME_CHARS)
         system_prompt = _optional_str(frame, "system_prompt", turns.MAX_SYSTEM_PROMPT_CHARS)
         self._check_idle()
         turn = await _preparing(turns.prepare_send)(
             *self._who(), conversation_id=conversation, content=content, model_name=model,
-            system_prompt=system_prompt,
+            system_prompt=system_prompt, image_ids=images or [],
         )  # fmt: skip
         self._start(turn)
 
     async def on_edit(self, frame: dict) -> None:
         conversation = _conversation_id(frame.get("conversation"), required=True)
         message = _conversation_id(frame.get("message"), required=True, what="message")
-        content = _content(frame)
+        images = _image_ids(frame)
+        content = _content(frame, pictures=bool(images))
         self._check_idle()
         turn = await _preparing(turns.prepare_edit)(
-            *self._who(), conversation_id=conversation, message_id=message, content=content
-        )
+            *self._who(), conversation_id=conversation, message_id=message, content=content,
+            image_ids=images,
+        )  # fmt: skip
         self._start(turn)
 
     async def on_regenerate(self, frame: dict) -> None:
@@ -336,9 +342,27 @@ def _conversation_id(value, *, required: bool, what: str = "conversation") -> in
     return value
 
 
-def _content(frame: dict) -> str:
+def _image_ids(frame: dict) -> list[int] | None:
+    """A frame's images: ids of pictures uploaded to POST /chat/images/, in order; None when
+    the frame has none."""
+    ids = frame.get("images")
+    if ids is None:
+        return None
+    if not isinstance(ids, list) or any(isinstance(i, bool) or not isinstance(i, int) or i <= 0
+                                        for i in ids):  # fmt: skip
+        raise turns.ChatRefused("invalid", "images must be a list of image ids")
+    if len(ids) > MAX_IMAGES:
+        raise turns.ChatRefused("too_many", f"a message may have at most {MAX_IMAGES} images; "
+                                f"this one has {len(ids)}")  # fmt: skip
+    if len(set(ids)) != len(ids):
+        raise turns.ChatRefused("invalid", "an image is named twice")
+    return ids
+
+
+def _content(frame: dict, *, pictures: bool = False) -> str:
+    """The frame's text: not empty, unless the message is pictures alone."""
     content = frame.get("content")
-    if not isinstance(content, str) or not content.strip():
+    if not isinstance(content, str) or not (content.strip() or pictures):
         raise turns.ChatRefused("invalid", "content must be a non-empty string")
     if len(content) > turns.MAX_CONTENT_CHARS:
         # Refused whole, never cut: the page says so before sending, too.

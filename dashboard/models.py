@@ -100,6 +100,34 @@ class Message(models.Model):
         ordering = ["created_at", "id"]
 
 
+class ChatImage(models.Model):
+    """A picture attached to a question on the chat page. Its bytes are a file of their own under
+    the data directory, readable by the appliance's user only (dashboard.chat.images), named by
+    their sha256: the versions of a question (an edit keeps its images) share one file, which
+    goes when the last image naming it goes (with its message, conversation or user).
+
+    An image without a message is an attachment waiting to be sent (uploaded, not yet sent)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_images"
+    )
+    message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.CASCADE, related_name="images"
+    )
+    position = models.PositiveSmallIntegerField(default=0)  # in the order they were attached
+    sha256 = models.CharField(max_length=64)
+    kind = models.CharField(max_length=8)  # inference.engine.media.KINDS: jpeg, png, gif, bmp
+    size_bytes = models.PositiveIntegerField()
+    # Read from the file's header (never decoded here); None when the header did not say.
+    width = models.PositiveIntegerField(null=True, blank=True)
+    height = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["position", "id"]
+        indexes = [models.Index(fields=["user", "sha256"], name="chatimage_user_sha256")]
+
+
 def versions(message: Message, messages: list[Message]) -> list[Message]:
     """The versions of `message`'s turn (itself included), oldest first."""
     return [m for m in messages if m.parent_id == message.parent_id and m.role == message.role]

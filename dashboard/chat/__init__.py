@@ -5,7 +5,8 @@
   answer pipeline takes too: inference.text.prompting, inference.catalog.specs.request_for);
 - window: which turns of a long chat the model still reads;
 - running: the answers that run on when their socket goes away, and saving them;
-- counting: the composer's token count, on a loaded model.
+- counting: the composer's token count, on a loaded model;
+- images: the pictures attached to questions, on disk, the owner's only.
 
 ChatRefused, how every step of a turn says no to a frame, lives here, beside them all.
 """

@@ -9,7 +9,8 @@ the model's own tokenizer, and the context it goes into.
 2. The model's runner counts the prompt's tokens, its BOS rule included, so the count is the
    `prompt_tokens` the answer would report; only when the model is loaded already: counting
    never loads a model, nor keeps one loaded longer (inference.serving.tokens, `if_loaded`).
-   Otherwise, or when counting fails, the reply has no count and the page shows its estimate,
+   Otherwise, when counting fails, or when the prompt holds images (the tokenizer would count
+   their markers, not their tokens), the reply has no count and the page shows its estimate,
    marked "≈".
 """
 
@@ -72,6 +73,8 @@ async def count(user_id: int, session: SessionBase | None, ask: CountAsk) -> Cou
     except ChatRefused:  # the send itself would say why; the counter just has no count
         return reply
     reply.update(context=context, left_out=prompt.left_out)
+    if prompt.media:  # the tokenizer would count a marker, not the image: the page estimates
+        return reply
     try:
         counted = await get_client().tokenize(spec, prompt.text,
                                               add_special=prompt.rendered.add_special,

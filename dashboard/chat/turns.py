@@ -29,9 +29,9 @@ from django.contrib.sessions.backends.base import SessionBase
 from django.db import transaction
 
 from appliance.arrival import arrived_wall
-from dashboard.chat import ChatRefused, turn_request
+from dashboard.chat import ChatRefused, images, turn_request
 from dashboard.chat.running import Claim, Turn, is_active, register
-from dashboard.models import Conversation, Message, newest_leaf, versions
+from dashboard.models import ChatImage, Conversation, Message, newest_leaf, versions
 from inference.catalog.lookup import UnknownModel, resolve
 from inference.catalog.specs import spec_for
 from inference.models import LLMModel
@@ -81,7 +81,7 @@ def _model(name: str | None) -> LLMModel:
 
 
 def _title(content: str) -> str:
-    line = " ".join(content.split())
+    line = " ".join(content.split()) or "Image"  # a question may be pictures alone
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
@@ -120,15 +120,18 @@ def _ask(
     parent_of_question,
     earlier,
     content,
+    pictures: list[ChatImage],
     model,
     system_prompt,
     arrived,
     kind,
     truncate_from=None,
 ) -> Turn:
-    """A new question and its answer, under `parent_of_question` (shared by send and edit)."""
+    """A new question and its answer, under `parent_of_question` (shared by send and edit);
+    `pictures`: the question's images, in order (dashboard.chat.images.chosen)."""
     prompt = turn_request.build(model, conversation, system_prompt, earlier,
-                               [{"role": "user", "content": content}])  # fmt: skip
+                               [{"role": "user", "content": content,
+                                 "images": pictures}])  # fmt: skip
     claim = Claim(user.pk)
     try:
         with transaction.atomic():
@@ -141,6 +144,7 @@ def _ask(
             request = turn_request.answer_request(model, prompt, conversation, arrived)
             asked = Message.objects.create(conversation=conversation, parent=parent_of_question,
                                            role=Message.Role.USER, content=content)  # fmt: skip
+            images.attach(pictures, asked)
             answer = _open_answer(conversation, asked, model, request)
             conversation.model_name = model.name
             conversation.system_prompt = system_prompt
@@ -202,22 +206,28 @@ def prepare_send(
     content: str,
     model_name: str | None,
     system_prompt: str | None,
+    image_ids: list[int] = (),
 ) -> Turn:
+    """`image_ids`: the question's pictures, attachments waiting to be sent (POST /chat/images/),
+    in the order they were attached."""
     arrived = _arrived()
     asked = send_inputs(user_id, session, conversation_id=conversation_id, model_name=model_name,
                         system_prompt=system_prompt)  # fmt: skip
     branch = asked.branch
+    pictures = images.chosen(asked.user, image_ids, asked.conversation)
     return _ask(asked.user, asked.conversation, parent_of_question=branch[-1] if branch else None,
-                earlier=branch, content=content, model=asked.model,
+                earlier=branch, content=content, pictures=pictures, model=asked.model,
                 system_prompt=asked.system_prompt, arrived=arrived, kind="send")  # fmt: skip
 
 
 def prepare_edit(
     user_id: int, session: SessionBase | None, *, conversation_id: int, message_id: int,
-    content: str,
+    content: str, image_ids: list[int] | None = None,
 ) -> Turn:  # fmt: skip
     """Ask an edited version of one of the branch's questions: a sibling of the old one, so the
-    old question and everything after it stay as a version to flip back to."""
+    old question and everything after it stay as a version to flip back to. It keeps the old
+    question's images, or with `image_ids` has those: some of them (the others removed), and
+    new attachments."""
     arrived = _arrived()
     user = _check_user(user_id, session)
     conversation = own_conversation(user, conversation_id)
@@ -228,9 +238,14 @@ def prepare_edit(
         raise ChatRefused("not_found", "no such question in this conversation")
     edited = branch[index]
     model = _model(conversation.model_name)
+    if image_ids is None:
+        pictures = list(edited.images.all())
+    else:
+        pictures = images.chosen(user, image_ids, conversation)
     return _ask(user, conversation, parent_of_question=edited.parent, earlier=branch[:index],
-                content=content, model=model, system_prompt=conversation.system_prompt,
-                arrived=arrived, kind="edit", truncate_from=edited.pk)  # fmt: skip
+                content=content, pictures=pictures, model=model,
+                system_prompt=conversation.system_prompt, arrived=arrived, kind="edit",
+                truncate_from=edited.pk)  # fmt: skip
 
 
 def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversation_id: int) -> Turn:
@@ -248,7 +263,7 @@ def prepare_regenerate(user_id: int, session: SessionBase | None, *, conversatio
     question = earlier[-1]
     model = _model(conversation.model_name)
     prompt = turn_request.build(model, conversation, conversation.system_prompt, earlier[:-1],
-                               [{"role": "user", "content": question.content}])  # fmt: skip
+                               [turn_request.question(question)])  # fmt: skip
     claim = Claim(user.pk)
     try:
         with transaction.atomic():
@@ -282,7 +297,7 @@ def prepare_continue(user_id: int, session: SessionBase | None, *, conversation_
     question = branch[-2]
     model = _model(answer.model_name or conversation.model_name)
     prompt = turn_request.build(model, conversation, conversation.system_prompt, branch[:-2],
-                               [{"role": "user", "content": question.content},
+                               [turn_request.question(question),
                                 {"role": "assistant", "content": answer.content}],
                                partial=answer.content)  # fmt: skip
     claim = Claim(user.pk)
@@ -327,6 +342,7 @@ def message_data(message: Message, messages: list[Message]) -> dict:
         "model": message.model_name,
         "figures": {key: figures.get(key) for key in FIGURE_KEYS if key in figures},
         "versions": [m.pk for m in siblings],
+        "images": [images.as_page(image) for image in message.images.all()],
     }
 
 
@@ -342,7 +358,7 @@ FIGURE_KEYS = (
 
 
 def branch_data(conversation: Conversation) -> dict:
-    messages = list(conversation.messages.all())
+    messages = list(conversation.messages.prefetch_related("images"))
     branch = conversation.path(messages)
     # Saved before versions (no leaf): one line of messages, each its only version.
     versioned = conversation.leaf_id is not None

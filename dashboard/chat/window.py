@@ -31,6 +31,7 @@ class Sized:
     role: str
     chars: int
     tokens: int | None = None  # measured (an answer's output tokens), when known
+    extra_tokens: int = 0  # beside its text: its images' (dashboard.chat.turn_request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +55,8 @@ def chars_per_token(messages: Sequence[Sized]) -> float:
 
 def estimate(message: Sized, ratio: float) -> int:
     if message.tokens:
-        return message.tokens + TURN_OVERHEAD_TOKENS
-    return math.ceil(message.chars / ratio * MARGIN) + TURN_OVERHEAD_TOKENS
+        return message.tokens + message.extra_tokens + TURN_OVERHEAD_TOKENS
+    return math.ceil(message.chars / ratio * MARGIN) + message.extra_tokens + TURN_OVERHEAD_TOKENS
 
 
 def choose(

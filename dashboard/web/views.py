@@ -12,10 +12,12 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from dashboard.chat import running, turn_request, turns
+from dashboard.chat import images, running, turn_request, turns
 from dashboard.models import Conversation
 from dashboard.web.security import staff_required, with_csp
 from inference.catalog.lookup import default_model
+from inference.engine.generation import MAX_IMAGES
+from inference.engine.media import MIME_TYPES
 from inference.history import recent_requests
 from inference.models import LLMModel
 from inference.serving.client import get_client
@@ -46,6 +48,12 @@ def chat_page(request: HttpRequest, conversation_id: int | None = None) -> HttpR
         "model": default.name if default else None,
         "max_content_chars": turns.MAX_CONTENT_CHARS,
         "max_system_prompt_chars": turns.MAX_SYSTEM_PROMPT_CHARS,
+        # Attaching pictures: offered for the models that take them, within these bounds.
+        "vision_models": [m.name for m in registered if m.takes_images],
+        "max_images": MAX_IMAGES,
+        "max_image_bytes": images.MAX_IMAGE_BYTES,
+        "image_types": sorted(MIME_TYPES),
+        "image_tokens": turn_request.IMAGE_TOKENS_ESTIMATE,  # the counter's estimate per image
     }
     if conversation is not None:
         data["conversation"] = {

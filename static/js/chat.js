@@ -13,6 +13,8 @@
     list: $("conversation-list"), hint: $("empty-hint"), composer: $("composer"),
     counter: $("counter"), jump: $("jump"), rename: $("rename"), renameForm: $("rename-form"),
     renameInput: $("rename-input"), renameCancel: $("rename-cancel"),
+    chat: $("chat"), attachTools: $("attach-tools"), attachInput: $("attach-input"),
+    cameraInput: $("camera-input"), attachments: $("attachments"), dropHint: $("drop-hint"),
   };
 
   let conversationId = data.conversation ? data.conversation.id : null;
@@ -26,6 +28,7 @@
   let statusFrame = null;
   let statusSince = 0;
   let statusTimer = null;
+  let pending = []; // the composer's pictures: {name, state: "uploading" | "ready", id, url, width, height}
 
   // --- message views ---------------------------------------------------------------------------
 
@@ -54,9 +57,13 @@
     body.className = "msg-body";
     const meta = document.createElement("div");
     meta.className = "msg-meta";
-    root.append(thinking, body, meta);
+    const gallery = document.createElement("div");
+    gallery.className = "msg-images";
+    root.append(thinking, gallery, body, meta);
     message.thinking = message.thinking || "";
-    const view = { root, body, meta, thinking, thinkingSummary, thinkingBody, message, renderQueued: false };
+    message.images = message.images || [];
+    const view = { root, body, meta, gallery, thinking, thinkingSummary, thinkingBody, message, renderQueued: false };
+    renderGallery(view);
     renderBody(view);
     renderMeta(view);
     return view;
@@ -73,6 +80,31 @@
     } else {
       view.thinkingSummary.textContent = spent ? "Thought for " + Math.max(1, Math.round(spent)) + " s" : "Thoughts";
     }
+  }
+
+  // A question's pictures: thumbnails that open the picture whole (its owner's only).
+  function renderGallery(view) {
+    const shown = view.message.images;
+    view.gallery.hidden = !shown.length;
+    view.gallery.replaceChildren(...shown.map((image, i) => {
+      const link = document.createElement("a");
+      link.className = "msg-image";
+      link.href = image.url;
+      link.target = "_blank";
+      link.rel = "noopener";
+      link.append(thumbnail(image, "Image " + (i + 1) + " of " + shown.length));
+      return link;
+    }));
+  }
+
+  function thumbnail(image, alt) {
+    const img = document.createElement("img");
+    img.src = image.url;
+    img.alt = alt;
+    img.loading = "lazy";
+    img.decoding = "async";
+    if (image.width && image.height) { img.width = image.width; img.height = image.height; }
+    return img;
   }
 
   function renderBody(view) {
@@ -416,10 +448,13 @@
     drawCounter();
   }
 
+  // The composer's pictures are not in a count (an image's tokens are the projector's to say):
+  // each adds what the appliance reckons an image costs.
   function estimate(text) {
     const ratio = charsPerToken();
+    const pictures = pending.length * (data.image_tokens || 0);
     if (counted && counted.tokens !== null && sameAsk(counted, composerState(), false)) {
-      return Math.max(0, counted.tokens + Math.ceil((text.length - counted.content.length) / ratio));
+      return Math.max(0, counted.tokens + Math.ceil((text.length - counted.content.length) / ratio)) + pictures;
     }
     let base = 0;
     let i = views.length - 1;
@@ -428,8 +463,10 @@
       if (views[i].message.role === "assistant" && f.prompt_tokens) { base = f.prompt_tokens + (f.output_tokens || 0); break; }
     }
     if (i < 0) base = Math.ceil(((els.system.value || "").length) / ratio);
-    views.slice(i + 1).forEach((v) => { base += Math.ceil(v.message.content.length / ratio) + 8; });
-    return base + (text ? Math.ceil(text.length / ratio) + 8 : 0);
+    views.slice(i + 1).forEach((v) => {
+      base += Math.ceil(v.message.content.length / ratio) + 8 + v.message.images.length * (data.image_tokens || 0);
+    });
+    return base + (text ? Math.ceil(text.length / ratio) + 8 : 0) + pictures;
   }
 
   function updateCounter() {
@@ -451,7 +488,7 @@
     els.send.disabled = false;
     const state = composerState();
     const thisText = counted && sameAsk(counted, state, true);
-    const exact = thisText && counted.tokens !== null ? counted : null;
+    const exact = thisText && counted.tokens !== null && !pending.length ? counted : null;
     const ctx = (exact && exact.context) || chosenContext();
     if (!ctx) { els.counter.textContent = ""; els.counter.className = "counter"; return; }
     const total = exact ? exact.tokens : estimate(text);
@@ -582,8 +619,13 @@
       if (awaiting !== null && frame.user_message_id) {
         const siblings = awaiting.versions || [];
         addView({ id: frame.user_message_id, role: "user", content: awaiting.content,
+          images: awaiting.images || [],
           versions: siblings.length ? siblings.concat([frame.user_message_id]) : [] });
-        els.prompt.value = awaiting.fromComposer ? "" : els.prompt.value;
+        if (awaiting.fromComposer) {
+          els.prompt.value = "";
+          pending = []; // sent: they are the question's now
+          renderPending();
+        }
       }
       const versions = frame.replaced_message_id ? versionIdsOf(frame.replaced_message_id).concat([frame.message_id]) : [];
       streaming = addView({ id: frame.message_id, role: "assistant", content: "", state: "streaming",
@@ -674,6 +716,155 @@
     if (link) link.textContent = frame.title;
   }
 
+  // --- pictures ----------------------------------------------------------------------------------
+
+  /* Attaching pictures, for a model that takes them: the file picker, the phone's camera, a paste
+     or a drop. Each picture is uploaded at once on its own (POST /chat/images/, which answers its
+     id), shown as a thumbnail with a remove button, and the send frame names the ids in the
+     order they were attached. The bounds are checked here and again by the appliance. */
+  const csrfToken = (els.composer.querySelector("input[name=csrfmiddlewaretoken]") || {}).value || "";
+
+  function takesImages() {
+    return (data.vision_models || []).includes(els.model.value);
+  }
+
+  function megabytes(bytes) {
+    return (bytes / 1048576).toFixed(bytes < 10485760 ? 1 : 0) + " MB";
+  }
+
+  function errorText(body) {
+    const error = body && body.error;
+    return typeof error === "string" ? error : (error && error.message) || "";
+  }
+
+  // Why a file cannot be attached now, or "" when it can. The appliance reads the bytes to tell
+  // a picture it takes (JPEG, PNG, GIF, BMP) from anything else; only what is plainly not one is
+  // refused here.
+  function refusalFor(file, count) {
+    const name = file.name || "The pasted image";
+    if (!takesImages()) return (els.model.value || "This model") + " does not take images.";
+    if (file.type && !file.type.startsWith("image/")) return name + " is not a picture.";
+    if (file.type === "image/webp") return name + ": WebP images are not supported; send JPEG, PNG, GIF or BMP.";
+    if (file.size > data.max_image_bytes) {
+      return name + " is " + megabytes(file.size) + "; an image may be at most " + megabytes(data.max_image_bytes) + ".";
+    }
+    if (count >= data.max_images) return "A message may have at most " + data.max_images + " images.";
+    return "";
+  }
+
+  function attachFiles(files) {
+    const refused = [];
+    Array.from(files).forEach((file) => {
+      const why = refusalFor(file, pending.length);
+      if (why) refused.push(why);
+      else upload(file);
+    });
+    setStatus(refused.join(" "), refused.length ? "error" : "");
+  }
+
+  async function upload(file) {
+    const item = { name: file.name || "pasted image", state: "uploading" };
+    pending.push(item);
+    renderPending();
+    try {
+      const response = await fetch("/chat/images/", {
+        method: "POST", body: file, credentials: "same-origin",
+        headers: { "Content-Type": file.type || "application/octet-stream", "X-CSRFToken": csrfToken },
+      });
+      const body = await response.json().catch(() => null);
+      if (!response.ok || !body || !body.image) {
+        throw new Error(errorText(body) || "the upload failed (HTTP " + response.status + ")");
+      }
+      if (!pending.includes(item)) { discard(body.image.id); return; } // removed meanwhile
+      Object.assign(item, body.image, { state: "ready" });
+    } catch (err) {
+      pending = pending.filter((p) => p !== item);
+      setStatus(item.name + " was not attached: " + err.message, "error");
+    }
+    renderPending();
+  }
+
+  function discard(id) {
+    fetch("/chat/images/" + id + "/", { method: "DELETE", credentials: "same-origin",
+      headers: { "X-CSRFToken": csrfToken } }).catch(() => {}); // one never sent goes in a day anyway
+  }
+
+  function removePending(item) {
+    pending = pending.filter((p) => p !== item);
+    if (item.id) discard(item.id);
+    renderPending();
+  }
+
+  // Thumbnails with a remove button each: the composer's attachments, or those an edit keeps.
+  function thumbnails(items, onRemove) {
+    return items.map((item, i) => {
+      const box = document.createElement("div");
+      box.className = "attachment" + (item.state === "uploading" ? " uploading" : "");
+      if (item.url) box.append(thumbnail(item, "Attached image " + (i + 1)));
+      else box.append(Object.assign(document.createElement("span"), { className: "attachment-wait", textContent: "Uploading…" }));
+      const remove = button("×", "remove-image", () => onRemove(item), "Remove this image");
+      remove.setAttribute("aria-label", "Remove image " + (i + 1));
+      box.append(remove);
+      return box;
+    });
+  }
+
+  function renderPending() {
+    els.attachTools.hidden = !takesImages();
+    els.attachments.hidden = !pending.length;
+    const list = thumbnails(pending, removePending);
+    if (pending.length && !takesImages()) {
+      list.push(note("images", (els.model.value || "This model") + " does not take images: remove them, or choose a model that does."));
+    }
+    els.attachments.replaceChildren(...list);
+    drawCounter();
+  }
+
+  // What stops a send with these attachments now ("" when nothing does).
+  function attachmentsBlock() {
+    if (!pending.length) return "";
+    if (!takesImages()) return (els.model.value || "This model") + " does not take images: remove them, or choose a model that does.";
+    if (pending.some((p) => p.state !== "ready")) return "Wait a moment: the images are still uploading.";
+    return "";
+  }
+
+  els.attachInput.addEventListener("change", () => { attachFiles(els.attachInput.files); els.attachInput.value = ""; });
+  els.cameraInput.addEventListener("change", () => { attachFiles(els.cameraInput.files); els.cameraInput.value = ""; });
+  els.prompt.addEventListener("paste", (event) => {
+    const clip = event.clipboardData;
+    const files = clip ? Array.from(clip.files).filter((f) => !f.type || f.type.startsWith("image/")) : [];
+    if (!files.length) return;
+    if (!clip.getData("text/plain")) event.preventDefault(); // a picture alone: nothing to type
+    attachFiles(files);
+  });
+
+  function carriesFiles(event) {
+    return event.dataTransfer && Array.from(event.dataTransfer.types || []).includes("Files");
+  }
+  let dragDepth = 0;
+  els.chat.addEventListener("dragenter", (event) => {
+    if (!carriesFiles(event)) return;
+    dragDepth += 1;
+    els.dropHint.textContent = takesImages() ? "Drop images to attach them" :
+      (els.model.value || "This model") + " does not take images";
+    els.dropHint.hidden = false;
+  });
+  els.chat.addEventListener("dragleave", () => {
+    dragDepth = Math.max(0, dragDepth - 1);
+    if (!dragDepth) els.dropHint.hidden = true;
+  });
+  els.chat.addEventListener("drop", (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    dragDepth = 0;
+    els.dropHint.hidden = true;
+    attachFiles(event.dataTransfer.files);
+  });
+  // A file dropped anywhere else must not make the browser leave the chat to show it.
+  ["dragover", "drop"].forEach((type) => window.addEventListener(type, (event) => {
+    if (carriesFiles(event)) event.preventDefault();
+  }));
+
   // --- actions -------------------------------------------------------------------------------
 
   function idle() {
@@ -683,13 +874,17 @@
   function submit(event) {
     event.preventDefault();
     const content = els.prompt.value;
-    if (!content.trim() || !idle() || content.length > data.max_content_chars) return;
+    if ((!content.trim() && !pending.length) || !idle() || content.length > data.max_content_chars) return;
+    const blocked = attachmentsBlock();
+    if (blocked) { setStatus(blocked, "error"); return; }
+    const attached = pending.map((p) => ({ id: p.id, url: p.url, width: p.width, height: p.height }));
     const frame = {
       type: "send", conversation: conversationId, content: content,
       model: els.model.value || null, system_prompt: els.system.value,
     };
+    if (attached.length) frame.images = attached.map((p) => p.id);
     if (sendFrame(frame)) {
-      awaiting = { content: content, fromComposer: true };
+      awaiting = { content: content, fromComposer: true, images: attached };
       follow = true;
       setStatus("Sending…");
     }
@@ -706,17 +901,29 @@
     save.type = "submit";
     save.className = "primary";
     save.textContent = "Send";
-    const cancel = button("Cancel", "cancel-edit", () => { editor.remove(); view.body.hidden = false; renderMeta(view); });
-    editor.append(area, save, cancel);
+    const restore = () => { editor.remove(); view.body.hidden = false; view.gallery.hidden = !view.message.images.length; };
+    const cancel = button("Cancel", "cancel-edit", () => { restore(); renderMeta(view); });
+    // The question's pictures go with the edit unless removed here.
+    let kept = view.message.images.slice();
+    const keptBox = document.createElement("div");
+    keptBox.className = "attachments editor-images";
+    const drawKept = () => {
+      keptBox.hidden = !kept.length;
+      keptBox.replaceChildren(...thumbnails(kept, (item) => { kept = kept.filter((k) => k !== item); drawKept(); }));
+    };
+    drawKept();
+    editor.append(keptBox, area, save, cancel);
     editor.addEventListener("submit", (event) => {
       event.preventDefault();
       const content = area.value;
-      if (!content.trim() || !idle()) return;
+      if ((!content.trim() && !kept.length) || !idle()) return;
       if (content.length > data.max_content_chars) { setStatus("That message is too long to send.", "error"); return; }
-      const sent = sendFrame({ type: "edit", conversation: conversationId, message: view.message.id, content });
+      const frame = { type: "edit", conversation: conversationId, message: view.message.id, content };
+      if (view.message.images.length) frame.images = kept.map((k) => k.id);
+      const sent = sendFrame(frame);
       if (sent) {
         const versions = (view.message.versions && view.message.versions.length) ? view.message.versions : [view.message.id];
-        awaiting = { content, versions, onRefused: () => { editor.remove(); view.body.hidden = false; } };
+        awaiting = { content, versions, images: kept, onRefused: restore };
         setStatus("Sending…");
       }
     });
@@ -725,6 +932,7 @@
       if (event.key === "Escape") cancel.click();
     });
     view.body.hidden = true;
+    view.gallery.hidden = true;
     view.meta.replaceChildren();
     view.root.insertBefore(editor, view.meta);
     area.focus();
@@ -789,7 +997,7 @@
   });
   els.prompt.addEventListener("input", updateCounter);
   els.system.addEventListener("input", updateCounter);
-  els.model.addEventListener("change", updateCounter);
+  els.model.addEventListener("change", () => { renderPending(); updateCounter(); });
   document.querySelectorAll("form[data-confirm]").forEach((form) => {
     form.addEventListener("submit", (event) => {
       if (!confirm(form.dataset.confirm)) event.preventDefault();
@@ -800,6 +1008,7 @@
   if (window.matchMedia("(max-width: 760px)").matches) document.querySelector(".conversations").open = false;
 
   showBranch(data.messages, data.context_start);
+  renderPending();
   // An answer still being written when the page loaded: show it as such until attached.
   const last = views[views.length - 1];
   if (last && last.message.state === "streaming") {

@@ -189,6 +189,56 @@ async def test_an_upload_with_a_session_cookie_goes_on_to_the_view():
     assert status_of(sent) == 200 and len(inner.scopes) == 1
 
 
+async def test_a_chat_picture_over_the_cap_is_refused_before_a_byte_is_read():
+    from dashboard.chat.images import MAX_IMAGE_BYTES
+
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", "/chat/images/", {
+        "Content-Type": "image/jpeg", "Content-Length": str(MAX_IMAGE_BYTES + 1),
+        "Cookie": "csrftoken=a; sessionid=abc",
+    }))  # fmt: skip
+    assert status_of(sent) == 413
+    assert "at most 20 MB" in json.loads(sent[1]["body"])["error"]["message"]
+    assert inner.scopes == []
+
+
+async def test_a_chat_picture_without_a_session_is_refused_before_a_byte_is_read():
+    inner = Recorder()
+    sent = await call(BodyGate(inner), http_scope("POST", "/chat/images/", {
+        "Content-Type": "image/png", "Content-Length": "1000",
+    }))  # fmt: skip
+    assert status_of(sent) == 401
+    assert inner.scopes == []
+
+
+async def test_a_chunked_chat_picture_is_cut_off_at_the_cap(monkeypatch):
+    from appliance import gate
+
+    monkeypatch.setattr(gate, "MAX_IMAGE_BYTES", 1000)
+    inner = Recorder()
+
+    async def body():
+        return {"type": "http.request", "body": b"x" * 300, "more_body": True}
+
+    sent = await call(BodyGate(inner), http_scope("POST", "/chat/images/", {
+        "Transfer-Encoding": "chunked", "Cookie": "sessionid=abc",
+    }), body)  # fmt: skip
+    assert [status_of(sent), len(sent)] == [413, 2]
+    assert inner.received[-1] == {"type": "http.disconnect"}
+
+
+async def test_a_chat_picture_within_the_cap_goes_on_to_the_view():
+    inner = Recorder()
+
+    async def body():
+        return {"type": "http.request", "body": b"x", "more_body": False}
+
+    sent = await call(BodyGate(inner), http_scope("POST", "/chat/images/", {
+        "Content-Length": "1", "Cookie": "sessionid=abc",
+    }), body)  # fmt: skip
+    assert status_of(sent) == 200 and len(inner.scopes) == 1
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/no-such-endpoint"),
