@@ -264,9 +264,15 @@ class Engine:
             priority=asked.priority,
             share=asked.share,
         )
+        return self._hand_in(request, sink, "submit")
+
+    def _hand_in(self, request: Request, sink: Callable[[Event], None] | None, kind: str,
+                 then: Callable[[], None] | None = None) -> RequestHandle:  # fmt: skip
+        """Queue a checked request for the engine thread (message `kind`), and `then` run
+        what must follow it under the same lock. Checked and queued under the lock the loop
+        takes when it stops, so a request is either refused here or seen by the loop's last
+        drain: never silently left behind."""
         handle = RequestHandle(request.id, self.cancel, sink, set_priority=self.set_priority)
-        # Checked and queued under the lock the loop takes when it stops, so a request is
-        # either refused here or seen by the loop's last drain: never silently left behind.
         with self._pending_lock:
             if self._stopping.is_set():
                 raise EngineStopped("the engine is not running")
@@ -277,7 +283,9 @@ class Engine:
                 raise QueueFull(f"the engine is busy: {self._pending} requests are waiting")
             self._pending += 1
             self._live.add(request.id)
-            self._inbox.put(("submit", request, handle))
+            self._inbox.put((kind, request, handle))
+            if then is not None:
+                then()
         return handle
 
     def _submit_with_images(self, asked: GenerationRequest, accepted: float, load_time: float,
@@ -302,21 +310,9 @@ class Engine:
                           accepted_at=accepted, cache_key=asked.cache_key,
                           cache_partition=asked.cache_partition, load_time=load_time,
                           priority=asked.priority, share=asked.share)  # fmt: skip
-        handle = RequestHandle(request.id, self.cancel, sink, set_priority=self.set_priority)
-        with self._pending_lock:
-            if self._stopping.is_set():
-                raise EngineStopped("the engine is not running")
-            if request.id in self._live:
-                raise ValueError(f"request id {request.id!r} is already in use")
-            if self._pending >= self.max_queue:
-                self.telemetry.record_outcome("rejected")
-                raise QueueFull(f"the engine is busy: {self._pending} requests are waiting")
-            self._pending += 1
-            self._live.add(request.id)
-            # The engine thread learns of it before the encoder can be done with it.
-            self._inbox.put(("preparing", request, handle))
-            self._encoder.submit(MediaJob(request, asked.prompt, asked.media, asked.add_special))
-        return handle
+        # The engine thread learns of it ("preparing") before the encoder can be done with it.
+        job = MediaJob(request, asked.prompt, asked.media, asked.add_special)
+        return self._hand_in(request, sink, "preparing", then=lambda: self._encoder.submit(job))
 
     def _images_read(self, job: MediaJob, result: object) -> None:
         """The encoder is done with a request's images (on its thread): to the engine thread."""

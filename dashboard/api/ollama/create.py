@@ -175,6 +175,26 @@ def _projector_from_blob(filename: str, digest: str, model_path: str, lines: lis
         raise
 
 
+def _checked_before_install(path: Path, hexdigest: str, name: str, settings_: dict,
+                            draft: LLMModel | None) -> tuple[str, str]:  # fmt: skip
+    """The new entry's (slug, display name), once the blob is here, the name free, the settings
+    valid and the draft able to draft for it: checked before the file moves, so a refusal
+    leaves the blob as it was."""
+    if not path.is_file():
+        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
+                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
+    slug, display = creating.entry_name(name)
+    if creating.name_taken(display) is not None:
+        raise creating.CreateRefused(f"a model named {display} exists already; delete it first",
+                                     "model", status=409)  # fmt: skip
+    creating.apply_settings(LLMModel(metadata={}), **settings_)
+    problem = drafts.file_problem(str(path), draft) if draft is not None else None
+    if problem:
+        raise creating.CreateRefused(f"{draft.name} cannot draft for this model: {problem}",
+                                     "draft")  # fmt: skip
+    return slug, display
+
+
 def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LLMModel:
     (filename, digest), clip = _sorted_files(files)
     hexdigest = blobs.digest_hex(digest)
@@ -193,19 +213,7 @@ def _from_blob(name: str, files: dict, settings_: dict, lines: list[dict]) -> LL
         blobs.blob_path(digest).unlink(missing_ok=True)
         return model
     path = blobs.blob_path(digest)
-    if not path.is_file():
-        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
-                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
-    slug, display = creating.entry_name(name)
-    if creating.name_taken(display) is not None:
-        raise creating.CreateRefused(f"a model named {display} exists already; delete it first",
-                                     "model", status=409)  # fmt: skip
-    # The settings checked before the file moves, so a refusal leaves the blob as it was.
-    creating.apply_settings(LLMModel(metadata={}), **settings_)
-    problem = drafts.file_problem(str(path), draft) if draft is not None else None
-    if problem:
-        raise creating.CreateRefused(f"{draft.name} cannot draft for this model: {problem}",
-                                     "draft")  # fmt: skip
+    slug, display = _checked_before_install(path, hexdigest, name, settings_, draft)
     try:
         model = install_file(path, safe_filename(filename), source=LLMModel.Source.UPLOAD,
                              name=slug, sha256=hexdigest)  # fmt: skip
@@ -232,18 +240,7 @@ def _vision_from_blobs(name: str, weights: tuple[str, str], clip: tuple[str, str
     filename, digest = weights
     hexdigest = blobs.digest_hex(digest)
     path = Path(existing.file_path) if existing else blobs.blob_path(digest)
-    if not path.is_file():
-        raise creating.CreateRefused(f"blob sha256:{hexdigest} is not here; upload it first "
-                                     "with POST /api/blobs/sha256:<digest>", "files")  # fmt: skip
-    slug, display = creating.entry_name(name)
-    if creating.name_taken(display) is not None:
-        raise creating.CreateRefused(f"a model named {display} exists already; delete it first",
-                                     "model", status=409)  # fmt: skip
-    creating.apply_settings(LLMModel(metadata={}), **settings_)
-    problem = drafts.file_problem(str(path), draft) if draft is not None else None
-    if problem:
-        raise creating.CreateRefused(f"{draft.name} cannot draft for this model: {problem}",
-                                     "draft")  # fmt: skip
+    slug, display = _checked_before_install(path, hexdigest, name, settings_, draft)
     try:
         read_gguf(path)
     except GGUFError as exc:
