@@ -66,6 +66,16 @@ def image_key(projector: str, digest: str) -> str:
     return hashlib.sha256(f"{projector}\n{digest}".encode()).hexdigest()
 
 
+def embedding_key(partition: str | None, key: str) -> str:
+    """Where an image's embeddings are cached: its image_key within one cache partition. A hit
+    (an image not encoded again, its images_cached figure, its shorter encode) would tell app
+    B that app A sent the same picture, so one partition never hits another's; None is one
+    partition too. The prompt's pseudo ids stay image_key's alone: the prefix cache that keeps
+    them is partitioned already."""
+    owner = "none" if partition is None else f"p:{partition}"
+    return hashlib.sha256(f"{owner}\n{key}".encode()).hexdigest()
+
+
 # --- picture headers ---------------------------------------------------------------------------
 
 
@@ -137,7 +147,7 @@ class ImageSpan:
 
     start: int
     n_tokens: int
-    key: str  # image_key: what its pseudo ids and its cached embeddings are derived from
+    key: str  # image_key: its pseudo ids and (with the partition) its cached embeddings' key
     digest: str  # the picture's sha256
     # The projector wants the image decoded in one batch with causal attention off
     # (mtmd_decode_use_non_causal): the scheduler never cuts it.
@@ -185,7 +195,8 @@ def chunk_length(spans: list[ImageSpan], start: int, take: int, *, may_exceed: b
 
 
 class EmbeddingCache:
-    """Encoded images by image_key, least recently used dropped first, bounded in bytes."""
+    """Encoded images by embedding_key (image_key within a cache partition), least recently
+    used dropped first, bounded in bytes."""
 
     def __init__(self, capacity: int = CACHE_BYTES):
         self.capacity = capacity
@@ -331,7 +342,8 @@ class Encoder:
                 for n, span in enumerate(prompt.spans):
                     if request.id in self.cancelled:
                         raise EncoderStopped("cancelled")
-                    span.embeddings = self.cache.get(span.key)
+                    key = embedding_key(request.cache_partition, span.key)
+                    span.embeddings = self.cache.get(key)
                     if span.embeddings is not None:
                         figures.cached += 1
                         continue
@@ -340,7 +352,7 @@ class Encoder:
                         span.embeddings = self.runner.encode_image(prompt, n)
                     finally:
                         self.busy -= 1
-                    self.cache.put(span.key, span.embeddings)
+                    self.cache.put(key, span.embeddings)
                     figures.encoded += 1
             finally:
                 self.runner.free_media(prompt)

@@ -206,6 +206,25 @@ def test_the_same_image_again_is_not_encoded_again(start_engine):
     assert engine.snapshot()["vision"]["images_encoded"] == 1
 
 
+def test_an_image_is_cached_for_its_own_partition_only(start_engine):
+    # A hit in another app's cache would tell it (images_cached, the encode's time) that
+    # someone else sent the same picture: the camera app re-sending frames still hits its own.
+    runner = FakeVisionRunner()
+    engine = start_engine(runner)
+
+    def send(partition):
+        done = submit(engine, MEDIA_MARKER + "who?", [image(6)], cache_partition=partition)
+        figures = done.result(timeout=10).figures
+        return figures["images_encoded"], figures["images_cached"]
+
+    assert send("app:camera") == (1, 0)
+    assert send("app:other") == (1, 0)
+    assert send(None) == (1, 0)
+    assert send("app:camera") == (0, 1)
+    assert send(None) == (0, 1)
+    assert runner.encoded == [image(6).digest] * 3
+
+
 def test_a_picture_that_does_not_decode_fails_that_request_only(start_engine):
     runner = FakeVisionRunner()
     runner.undecodable.add(image(5).digest)
