@@ -70,6 +70,7 @@ def spec_for(model: LLMModel, *, min_ctx: int = 0) -> ModelSpec:
         speculative=model.speculative,
         draft_model_path=model.draft.weights.file_path if model.draft_id else "",
         mmproj_path=model.projector.file_path if model.projector_id else "",
+        mmproj_sha256=model.projector.sha256 if model.projector_id else "",
         n_batch=model.n_batch,
         n_ubatch=model.n_ubatch,
         n_threads=settings.ENGINE_THREADS or model.n_threads,

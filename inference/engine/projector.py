@@ -36,10 +36,13 @@ class ProjectorError(RuntimeError):
     """libmtmd could not load the projector with this model."""
 
 
-def projector_key(path: str) -> str:
+def projector_key(path: str, sha256: str = "") -> str:
     """The projector's identity in image keys (the encoder cache, the prompt cache's pseudo ids,
-    the disk tier across restarts): its file by name, size and modification time, read at
-    load without hashing a file of hundreds of MB."""
+    the disk tier across restarts): its file's sha256 where the catalog knows it (the same
+    file anywhere, under any name), else its file by name, size and modification time, read
+    at load without hashing a file of hundreds of MB."""
+    if sha256:
+        return hashlib.sha256(f"mmproj sha256\n{sha256.lower()}".encode()).hexdigest()
     stat = os.stat(path)
     text = f"{os.path.realpath(path)}\n{stat.st_size}\n{stat.st_mtime_ns}"
     return hashlib.sha256(text.encode()).hexdigest()
@@ -47,10 +50,11 @@ def projector_key(path: str) -> str:
 
 class Projector:
     def __init__(self, path: str, model, *, n_threads: int, use_gpu: bool, flash_attn: bool,
-                 n_embd: int, max_whole: int):  # fmt: skip
+                 n_embd: int, max_whole: int, sha256: str = ""):  # fmt: skip
         """`n_embd`: the model's input width (llama_model_n_embd_inp); `max_whole`: the most
         image tokens one llama_decode takes in one ubatch (an image the projector wants
-        decoded with causal attention off must fit it)."""
+        decoded with causal attention off must fit it); `sha256`: the file's digest where the
+        catalog knows it (projector_key)."""
         if not os.path.isfile(path):
             raise ProjectorError(f"projector file not found: {path}")
         params = mt.mtmd_context_params_default()
@@ -65,7 +69,7 @@ class Projector:
             raise ProjectorError(f"libmtmd could not load the projector {path} with this model "
                                  "(see the log for why)")  # fmt: skip
         self.path = path
-        self.key = projector_key(path)
+        self.key = projector_key(path, sha256)
         self.n_threads = n_threads
         self.use_gpu = use_gpu
         self.n_embd = n_embd

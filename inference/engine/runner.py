@@ -212,7 +212,8 @@ class LlamaRunner:
         try:
             projector = Projector(config.mmproj_path, self.model, n_threads=threads,
                                   use_gpu=use_gpu, flash_attn=config.flash_attn, n_embd=n_embd,
-                                  max_whole=min(config.n_ubatch, config.n_batch))  # fmt: skip
+                                  max_whole=min(config.n_ubatch, config.n_batch),
+                                  sha256=config.mmproj_sha256)  # fmt: skip
         except ProjectorError as exc:
             raise LoadError(str(exc)) from exc
         self._embd_batch = ll.llama_batch_init(self.n_batch, n_embd, 1)

@@ -11,6 +11,10 @@ DRAFT_CATCH_UP = 256
 DRAFT_WINDOW = 1024
 
 
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 @dataclass(slots=True, frozen=True)
 class RunnerConfig:
     model_path: str
@@ -36,6 +40,10 @@ class RunnerConfig:
     # A vision projector (general.architecture "clip") that libmtmd loads beside the model, so
     # requests may carry images (inference.engine.media); "" for a text-only model.
     mmproj_path: str = ""
+    # That projector file's sha256 where the catalog knows it, "" where not: its identity in
+    # image keys (inference.engine.projector.projector_key), the same across restarts, moves
+    # and the split worker's own copy of the file.
+    mmproj_sha256: str = ""
     # llama.cpp's extra weight buffer types (CPU repacking, AMX tiles). Faster for some
     # quantisations, but a CPU may advertise AMX that its hypervisor does not deliver, and then
     # the first matmul dies with SIGSEGV; the runner supervisor turns this off for such a host.
@@ -60,6 +68,10 @@ class RunnerConfig:
             value = getattr(self, name)
             if not isinstance(value, str) or len(value) > 4096:
                 raise ValueError(f"{name} must be a path")
+        digest = self.mmproj_sha256
+        if not isinstance(digest, str) or (digest and not _is_sha256(digest)):
+            raise ValueError(f"mmproj_sha256 must be a sha256 hex digest or empty, got {digest!r}")
+        object.__setattr__(self, "mmproj_sha256", digest.lower())
         if self.speculative not in ("auto", "off"):
             raise ValueError(f"speculative must be auto or off, got {self.speculative!r}")
         if self.kv_type not in KV_TYPES:

@@ -161,14 +161,15 @@ def test_the_spec_loads_the_projector_and_carries_its_digest(models_dir, tiny_fi
     spec = spec_for(LLMModel.objects.get(name="looker"))
     projector = Projector.objects.get()
     assert spec.config.mmproj_path == str(mmproj)
-    assert spec.mmproj_sha256 == projector.sha256
-    assert ModelSpec.from_wire(spec.to_wire()).mmproj_sha256 == projector.sha256
+    assert spec.mmproj_sha256 == spec.config.mmproj_sha256 == projector.sha256
+    sent = ModelSpec.from_wire(spec.to_wire())
+    assert sent.mmproj_sha256 == sent.config.mmproj_sha256 == projector.sha256
 
 
 def test_a_text_only_entry_loads_without_a_projector(models_dir, tiny_file):
     run(str(tiny_file), "--name", "plain")
     spec = spec_for(LLMModel.objects.get())
-    assert (spec.config.mmproj_path, spec.mmproj_sha256) == ("", "")
+    assert (spec.config.mmproj_path, spec.mmproj_sha256, spec.config.mmproj_sha256) == ("", "", "")
 
 
 def test_the_estimate_grows_by_the_projector_weights_and_encoder(models_dir, tiny_file, mmproj):

@@ -8,6 +8,8 @@ questions, so the encoder cache and the prefix cache only help where a test want
 """
 
 import ctypes
+import hashlib
+import shutil
 import struct
 import threading
 import zlib
@@ -20,6 +22,7 @@ from inference.engine import Engine, SamplingParams
 from inference.engine.generation import GenerationRequest
 from inference.engine.media import MEDIA_MARKER, Image
 from inference.engine.refusals import RefusalKind, Refused
+from inference.engine.vision import image_key
 from tests.inference.projector_gguf import IMAGE_TOKENS, picture, write_projector
 
 pytestmark = pytest.mark.model
@@ -295,6 +298,39 @@ def test_a_projector_that_does_not_fit_the_model_is_a_clear_load_failure(paths, 
         with pytest.raises(LoadError, match=said):
             LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=str(projector),
                                      ctx_per_seq=256, parallel=1, n_threads=2))  # fmt: skip
+
+
+def test_a_projector_whose_digest_is_known_is_named_by_it_wherever_its_file_lies(
+        paths, runner, tmp_path):  # fmt: skip
+    # Its images' pseudo ids (the kept prompts on disk) and cache keys then hold across a
+    # restart, a move of the file, and the split worker's own copy of it.
+    from inference.engine.projector import projector_key
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+
+    copy = tmp_path / "elsewhere.gguf"
+    shutil.copy(paths[1], copy)
+    digest = hashlib.sha256(copy.read_bytes()).hexdigest()
+    picture_of = image(41)
+
+    def key_in(reader) -> str:
+        prompt = reader.read_images(chat("who?"), (picture_of,), True)
+        try:
+            return prompt.spans[0].key
+        finally:
+            reader.free_media(prompt)
+
+    named = LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=str(copy),
+                                     mmproj_sha256=digest.upper(), ctx_per_seq=256, parallel=1,
+                                     n_threads=2))  # fmt: skip
+    try:
+        key = key_in(named)
+    finally:
+        named.close()
+    assert key == image_key(projector_key(paths[1], digest), picture_of.digest)
+    # Without a digest (a projector the catalog has not hashed) its file names it.
+    assert key_in(runner) == image_key(projector_key(paths[1]), picture_of.digest) != key
+    assert projector_key(str(copy)) != projector_key(paths[1])
 
 
 def test_an_image_the_projector_wants_whole_is_decoded_alone_with_causal_attention_off(

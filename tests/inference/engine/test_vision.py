@@ -225,6 +225,15 @@ def test_an_image_is_cached_for_its_own_partition_only(start_engine):
     assert runner.encoded == [image(6).digest] * 3
 
 
+def test_a_projectors_digest_is_a_sha256_or_nothing():
+    from inference.engine.runner_config import RunnerConfig
+
+    for wrong in ("abc", "g" * 64, None):
+        with pytest.raises(ValueError, match="mmproj_sha256"):
+            RunnerConfig(model_path="m.gguf", mmproj_sha256=wrong)
+    assert RunnerConfig(model_path="m.gguf", mmproj_sha256="AB" * 32).mmproj_sha256 == "ab" * 32
+
+
 def test_a_picture_that_does_not_decode_fails_that_request_only(start_engine):
     runner = FakeVisionRunner()
     runner.undecodable.add(image(5).digest)
