@@ -108,10 +108,10 @@ def request_for(
     base: dict | None = None,
     **fields,
 ) -> GenerationRequest:
-    """The request to send for a rendered prompt (inference.text.prompting.Prompt), built once, the
-    same for the chat page and every API dialect: the model's sampling (sampling_for), the
-    prompt's BOS rule and images, and the caller's ids and keys (`fields`: cache_key, cache_partition,
-    keep_alive, arrived_wall: None for now). Raises InvalidParams."""
+    """The request to send for a rendered prompt (inference.text.prompting.Prompt), built once,
+    the same for the chat page and every API dialect: the model's sampling (sampling_for), the
+    prompt's BOS rule and images, and the caller's ids and keys (`fields`: cache_key,
+    cache_partition, keep_alive, arrived_wall: None for now). Raises InvalidParams."""
     if fields.get("arrived_wall") is None:
         fields.pop("arrived_wall", None)
     # A derived model runs on its base's engine (spec_for), with its own sampling and prompt.
