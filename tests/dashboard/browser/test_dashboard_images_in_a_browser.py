@@ -112,6 +112,12 @@ def test_the_dashboard_shows_image_tokens_the_encoder_and_the_encode_phase(
     if not phone:
         dash.hover_step(PICTURE_AT + 1)
     shot(page, artifacts, name + ".png", full_page=True)
+    for part, where in (("steps", ".steps-card"), ("boxes", ".boxes-card"), ("tiles", ".tiles")):
+        dash.feed(frame(26), times=1)
+        if part == "steps" and not phone:
+            dash.hover_step(PICTURE_AT + 1)
+        shot(page.locator(where), artifacts, f"{name}-{part}.png")
+    shot(page.locator("#timeline").locator(".."), artifacts, name + "-requests.png")
     assert page.evaluate("document.documentElement.scrollWidth") <= size["width"] + 1
     assert dash.errors == []
     page.close()
