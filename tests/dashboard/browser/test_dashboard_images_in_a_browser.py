@@ -71,8 +71,11 @@ def save_a_request_with_a_picture(appliance) -> None:
     )
 
 
-@pytest.mark.parametrize("size", [pytest.param({"width": 1366, "height": 900}, id="desktop"),
-                                  pytest.param({"width": 390, "height": 844}, id="phone")])  # fmt: skip
+DESKTOP, PHONE = {"width": 1366, "height": 900}, {"width": 390, "height": 844}
+
+
+@pytest.mark.parametrize("size", [pytest.param(DESKTOP, id="desktop"),
+                                  pytest.param(PHONE, id="phone")])  # fmt: skip
 def test_the_dashboard_shows_image_tokens_the_encoder_and_the_encode_phase(
     browser, live_appliance, artifacts, size
 ):
@@ -96,9 +99,10 @@ def test_the_dashboard_shows_image_tokens_the_encoder_and_the_encode_phase(
 
     # 2. The model's encoder, on its box and in the prompt tile.
     vision = page.locator(".box-models .model-vision")
-    expect(vision).to_have_text(
-        "images 3 encoded · 2 from the cache · 550 ms encoding · encoder busy (1 image)")  # fmt: skip
-    expect(page.locator("#t-prompt-images")).to_have_text("images 3 encoded · 2 cached · encoder busy")
+    expect(vision).to_have_text("images 3 encoded · 2 from the cache · 550 ms encoding"
+                                " · encoder busy (1 image)")  # fmt: skip
+    tile = page.locator("#t-prompt-images")
+    expect(tile).to_have_text("images 3 encoded · 2 cached · encoder busy")
 
     # 3. The timeline: the encode phase in its own colour, and in the row's words.
     # (The appliance is the session's: the other width's test saved such a request too.)
