@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 # In embedded mode nothing runs Celery beat, so saving a record also prunes, at most this often.
 PRUNE_EVERY_S = 3600.0
-PHASES = ("load", "queue", "prefill", "decode")
+# encode: reading a request's images (inference.engine.vision), before it queues.
+PHASES = ("load", "encode", "queue", "prefill", "decode")
 _last_prune = 0.0
 _prune_lock = threading.Lock()
 
@@ -148,6 +149,9 @@ def recent_requests(limit: int = 50) -> list[dict]:
             "itl_p95": record.itl_p95,
             "itl_p99": record.itl_p99,
             "total_time": record.total_time,
+            # Reading its images (its encode phase); None and 0 for a text request.
+            "encode_time": figures.get("encode_time"),
+            "image_tokens": figures.get("image_tokens") or 0,
             "worker": record.worker,
             "route": record.route,
             "timeline": _timeline(figures.get("timeline")),

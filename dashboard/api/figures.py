@@ -57,6 +57,10 @@ def timings(figures: dict) -> dict:
         # drafted tokens verified for this answer, and of those, the ones kept.
         "draft_n": figures.get("drafted") or 0,
         "draft_n_accepted": figures.get("draft_accepted") or 0,
+        # Reading its images (inference.engine.vision), a phase before its prefill: the
+        # seconds it took and the image tokens it added (of prompt_n's prompt); 0 for text.
+        "encode_ms": _ms(figures.get("encode_time")) or 0.0,
+        "image_n": figures.get("image_tokens") or 0,
         "ttft_ms": _ms(figures.get("ttft")),
         "queue_ms": _ms(figures.get("queue_time")),
         "load_ms": _ms(figures.get("load_time")),

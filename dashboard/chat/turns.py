@@ -349,11 +349,12 @@ def message_data(message: Message, messages: list[Message]) -> dict:
 # The figures a saved answer shows (static/js/chat_figures.js); the rest of what was saved (the
 # timeline, ITL percentiles) stays in the message and the request history. cached_by_tier and
 # restore_time: where the cached tokens came from (warm memory); drafted and draft_accepted:
-# speculation.
+# speculation; encode_time and image_tokens: reading its images.
 FIGURE_KEYS = (
     "ttft", "prompt_tps", "decode_tps", "prompt_tokens", "cached_tokens", "output_tokens",
     "queue_time", "load_time", "prefill_time", "total_time", "finish_reason", "answer_tokens",
     "thinking_s", "cached_by_tier", "restore_time", "drafted", "draft_accepted",
+    "encode_time", "image_tokens", "images_encoded", "images_cached",
 )  # fmt: skip
 
 

@@ -41,7 +41,10 @@ PRIORITY_STEP_COLUMNS = ("background", "interactive", "paused")
 # Step columns of an engine with speculation: drafted tokens verified (a part of `decode`) and
 # tokens sampled; None in the panel when an engine sends none.
 SPECULATION_STEP_COLUMNS = ("verify", "output")
-OPTIONAL_STEP_COLUMNS = (*PRIORITY_STEP_COLUMNS, *SPECULATION_STEP_COLUMNS)
+# Step columns of an engine that reads images: of the prompt tokens, image positions fed, and
+# images the encoder was encoding when the step ended; None when an engine sends none.
+VISION_STEP_COLUMNS = ("image", "encoding")
+OPTIONAL_STEP_COLUMNS = (*PRIORITY_STEP_COLUMNS, *SPECULATION_STEP_COLUMNS, *VISION_STEP_COLUMNS)
 MAX_STEPS = 300
 MAX_STREAMS = 64
 MAX_SHARES = 64  # an engine sends at most 32; a worker with two models may have twice that
@@ -106,6 +109,9 @@ class Steps(TypedDict):
     # None from an engine without speculation:
     verify: list[int] | None  # of its decode tokens, drafted ones being verified
     output: list[int] | None  # tokens it sampled (decodes, kept drafts, prompts that ended)
+    # None from an engine from before images:
+    image: list[int] | None  # of its prompt tokens, image positions fed from embeddings
+    encoding: list[int] | None  # images the encoder was encoding beside it (0: encoder idle)
 
 
 class StreamPanel(TypedDict):
@@ -174,6 +180,17 @@ class SpeculationPanel(TypedDict):
     acceptance: float | None  # accepted / drafted; None before any draft
 
 
+class VisionPanel(TypedDict):
+    """A model's image encoder since it loaded (inference.engine.vision)."""
+
+    encoding: int  # images being encoded now (0: the encoder is idle)
+    requests: int  # requests whose images are being read
+    images_encoded: int  # images the projector encoded
+    images_cached: int  # images found in the encoder's cache, not encoded again
+    encode_s: float  # seconds spent reading images
+    failed: int  # images that could not be read (their requests got an error)
+
+
 class StepYield(TypedDict):
     """Over the recent steps that read no prompt (so every token they sampled is a decoding
     stream's): how many steps the decoding streams took part in, all together, and the tokens
@@ -208,6 +225,7 @@ class ModelPanel(TypedDict):
     prompt_cache: PromptCachePanel | None  # None: an engine from before warm memory
     speculation: SpeculationPanel | None  # None: an engine from before speculation
     step_yield: StepYield | None  # None: an engine whose steps do not say what they sampled
+    vision: VisionPanel | None  # None: a model without a projector, or an engine from before
 
 
 class GpuPanel(TypedDict):
@@ -357,6 +375,9 @@ def steps_panel(raw) -> Steps:
     if steps["verify"] is not None:  # also a part of the decode tokens
         pairs = zip(steps["verify"], steps["decode"], strict=True)
         steps["verify"] = [min(v, d) for v, d in pairs]
+    if steps["image"] is not None:  # a part of the step's prompt tokens
+        pairs = zip(steps["image"], steps["prompt"], strict=True)
+        steps["image"] = [min(i, p) for i, p in pairs]
     return steps  # type: ignore[return-value]
 
 
@@ -445,6 +466,17 @@ def speculation_panel(raw) -> SpeculationPanel | None:
         "drafts": _count(raw.get("drafts")),
         "acceptance": accepted / drafted if drafted else None,
     }  # fmt: skip
+
+
+def vision_panel(raw) -> VisionPanel | None:
+    """A model's image encoder (VisionPanel), or None from a model that reads no images."""
+    if not isinstance(raw, dict):
+        return None
+    return {"encoding": _count(raw.get("encoding")), "requests": _count(raw.get("requests")),
+            "images_encoded": _count(raw.get("images_encoded")),
+            "images_cached": _count(raw.get("images_cached")),
+            "encode_s": max(0.0, _number(raw.get("encode_seconds"))),
+            "failed": _count(raw.get("failed"))}  # fmt: skip
 
 
 def _share(value) -> str | None:
@@ -538,6 +570,7 @@ def model_panel(snapshot: dict) -> ModelPanel:
         "prompt_cache": prompt_cache_panel(snapshot.get("prompt_cache")),
         "speculation": speculation_panel(snapshot.get("speculation")),
         "step_yield": step_yield(steps),
+        "vision": vision_panel(snapshot.get("vision")),
     }
 
 

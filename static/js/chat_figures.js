@@ -67,6 +67,21 @@
     };
   }
 
+  /* The image chip ("encode 180 ms · 64 image tokens"); null for an answer without images. */
+  function imageChip(f) {
+    if (!f.image_tokens) return null;
+    const encoded = f.images_encoded || 0, cached = f.images_cached || 0;
+    const read = [encoded ? number(encoded) + " encoded" : null, cached ? number(cached) + " from the image cache" : null]
+      .filter(Boolean).join(", ");
+    return {
+      label: "images",
+      value: "encode " + seconds(f.encode_time) + " · " + number(f.image_tokens) + " image tokens",
+      explain: "Reading the pictures is a phase of its own, before the prompt: " + seconds(f.encode_time) +
+        " to turn them into " + number(f.image_tokens) + " image tokens of the prompt" +
+        (read ? " (" + read + ")" : "") + ". A picture seen before comes from the cache and is not encoded again.",
+    };
+  }
+
   /* [{label, value, explain}] for an answer's figures; [] when it has none. */
   function figureChips(f) {
     if (!f || (f.ttft === undefined && f.output_tokens === undefined)) return [];
@@ -100,7 +115,7 @@
         "cache, and tokens written in this answer" +
         (f.answer_tokens ? " (" + number(f.answer_tokens) + " in the whole answer, with its continuations)." : "."),
     });
-    return chips.concat([cacheChip(f), speculationChip(f)].filter(Boolean));
+    return chips.concat([imageChip(f), cacheChip(f), speculationChip(f)].filter(Boolean));
   }
 
   const PHASES = {

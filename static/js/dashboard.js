@@ -51,7 +51,7 @@
   const COLORS = { prompt: "#2f6fde", output: "#d9480f", p50: "#2b8a3e", p95: "#e8a100", p99: "#c92a2a",
     queue: "#7048e8", active: "#0c8599", used: "#d9480f", own: "#2f6fde", total: "#868e96", kv: "#7048e8",
     cpu: "#2b8a3e", decode: "#d9480f", background: "#f2a77e", verify: "#0c8599", step: "#7048e8", target: "#c92a2a",
-    unbound: "rgba(134, 142, 150, 0.16)" };
+    image: "#9c36b5", encoding: "rgba(156, 54, 181, 0.55)", unbound: "rgba(134, 142, 150, 0.16)" };
   const AXIS = "#868e96";
 
   // A y axis as wide as its longest label, so "12.5 s" or "1,200" is never clipped.
@@ -147,9 +147,10 @@
   // A few steps are drawn as narrow bars on the right, not as slabs; fewer slots on a phone.
   const STEP_SLOTS_MIN = document.getElementById("c-steps").clientWidth < 500 ? 24 : 60;
   // background, interactive and paused: null from an engine without priorities; verify and
-  // output: null from an engine without speculation.
+  // output: null from an engine without speculation; image and encoding: null from one that
+  // reads no images.
   const NO_STEPS = { ago: [], decode: [], prompt: [], ms: [], seqs: [], background: null, interactive: null, paused: null,
-    verify: null, output: null };
+    verify: null, output: null, image: null, encoding: null };
   let steps = { ...NO_STEPS, target: null, model: "" };
 
   const stepsElement = $("c-steps");
@@ -184,6 +185,10 @@
       {},
       { label: "prompt tokens", scale: "tok", fill: COLORS.prompt, stroke: COLORS.prompt, width: 0,
         paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
+      // Over the prompt bar, up to the decode tokens and the step's image positions: what shows
+      // of it is the prompt tokens that were an image's (fed from the encoder's embeddings).
+      { label: "image tokens", scale: "tok", fill: COLORS.image, stroke: COLORS.image, width: 0,
+        paths: uPlot.paths.bars({ size: [0.86, 28], gap: 0 }), points: { show: false } },
       // A step's decode tokens in the colour of drafted ones, the streams' own token over it: what
       // shows of the first is the drafted tokens verified (a part of the decode tokens).
       { label: "drafted tokens verified", scale: "tok", fill: COLORS.verify, stroke: COLORS.verify, width: 0,
@@ -195,8 +200,24 @@
       { label: "step time", scale: "ms", stroke: COLORS.step, width: 1.5, spanGaps: true,
         points: { show: (u) => steps.ago.length < 90, size: 4, fill: COLORS.step } },
     ],
-    hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], drawAxes: [drawUnbound], draw: [drawTarget] },
-  }, [[], [], [], [], [], []], stepsElement);
+    hooks: { setCursor: [(u) => stepReadout(u.cursor.idx)], drawAxes: [drawUnbound], draw: [drawTarget, drawEncoding] },
+  }, [[], [], [], [], [], [], []], stepsElement);
+
+  // Along the top of the plot: the steps that ended while the image encoder was busy. It runs
+  // beside the steps (its own thread), so a picture being read shows as a band over them.
+  function drawEncoding(u) {
+    if (!steps.encoding) return;
+    const ctx = u.ctx;
+    ctx.save();
+    ctx.fillStyle = COLORS.encoding;
+    steps.encoding.forEach((busy, i) => {
+      if (!busy) return;
+      const left = Math.max(u.bbox.left, u.valToPos(i - 0.5, "x", true));
+      const right = Math.min(u.bbox.left + u.bbox.width, u.valToPos(i + 0.5, "x", true));
+      if (right > left) ctx.fillRect(left, u.bbox.top, right - left, 5 * devicePixelRatio);
+    });
+    ctx.restore();
+  }
 
   // Behind the bars: the steps that carried no interactive stream, where the ITL target did not
   // bind (background work alone runs at the machine's best batch size, not under the target).
@@ -243,13 +264,15 @@
     const parts = [];
     if (d) parts.push(count(d, "decode token") + " (" + count(d - verify, "stream") + " writing" + (background ? ", " + background + " of them background" : "") +
       (verify ? "; " + count(verify, "drafted token") + " verified" : "") + ")");
-    if (p) parts.push(count(p, "prompt token") + " of a prompt being read");
+    const image = steps.image ? steps.image[i] : 0;
+    if (p) parts.push(count(p, "prompt token") + " of a prompt being read" + (image ? " (" + image + " of them an image's)" : ""));
     const out = steps.output ? " · " + count(steps.output[i], "token") + " out" : "";
     let target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
     if (steps.interactive && !steps.interactive[i]) target = "; no interactive stream, so the ITL target did not bind";
     const paused = steps.paused && steps.paused[i] ? " · " + count(steps.paused[i], "request") + " paused" : "";
+    const encoding = steps.encoding && steps.encoding[i] ? " · the encoder was reading " + count(steps.encoding[i], "image") : "";
     box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + out + " · ran " +
-      msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch" + paused + ".";
+      msAxis(t) + target + " · " + count(steps.seqs[i], "sequence") + " in the batch" + paused + encoding + ".";
   }
 
   function drawSteps(all) {
@@ -265,7 +288,7 @@
     text("steps-target", Math.round(targetMs) + " ms");
     if (!best) {
       steps = { ...NO_STEPS, target: targetMs, model: "" };
-      stepsPlot.setData([[], [], [], [], [], []]);
+      stepsPlot.setData([[], [], [], [], [], [], []]);
       legendFor(steps);
       text("steps-summary", "no engine step in the last minute: nothing is running");
       return;
@@ -278,7 +301,8 @@
     const decode = s.decode.map((d) => d || null);
     const own = s.decode.map((d, i) => d - (s.verify ? s.verify[i] : 0) || null);
     const background = (s.background || []).map((b) => b || null);
-    stepsPlot.setData([x, total, decode, own, background, s.ms]);
+    const image = s.decode.map((d, i) => (s.image && s.image[i] ? d + s.image[i] : null));
+    stepsPlot.setData([x, total, image, decode, own, background, s.ms]);
     legendFor(s);
     const withPrompt = s.prompt.filter((p) => p > 0).length;
     const mixed = s.prompt.filter((p, i) => p > 0 && s.decode[i] > 0).length;
@@ -292,16 +316,21 @@
     else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
     const pausedMost = s.paused ? Math.max(0, ...s.paused) : 0;
     const drafting = s.verify ? s.verify.filter((v) => v > 0).length : 0;
+    const imaging = s.image ? s.image.filter((v) => v > 0).length : 0;
+    const encoding = s.encoding ? s.encoding.filter((v) => v > 0).length : 0;
     text("steps-summary", (models > 1 ? best.name + " · " : "") + "last " + count(n, "step") + " over " + duration(span) +
       " · " + withPrompt + " carried prompt tokens (" + mixed + " beside a stream) · " + targetPart +
       (pausedMost ? " · up to " + count(pausedMost, "request") + " paused" : "") +
-      (drafting ? " · " + drafting + " verified drafted tokens" : ""));
+      (drafting ? " · " + drafting + " verified drafted tokens" : "") +
+      (imaging ? " · " + imaging + " fed image tokens" : "") + (encoding ? " · " + encoding + " ended while the encoder read images" : ""));
   }
 
   // The legend names background tokens and unbound steps only when the engine reports them.
   function legendFor(s) {
     $("legend-background").hidden = !s.background;
     $("legend-verify").hidden = !s.verify;
+    $("legend-image").hidden = !s.image;
+    $("legend-encoding").hidden = !s.encoding;
     $("legend-unbound").hidden = !s.interactive;
     $("note-unbound").hidden = !s.interactive;
   }
@@ -369,6 +398,7 @@
       window_s: Math.max(0, ...models.map((m) => m.window_s || 0)) || 10,
       step_yield: combineYields(models),
       speculation: combineSpeculation(models),
+      vision: combineVision(models),
     };
   }
 
@@ -378,6 +408,16 @@
     const yields = models.map((m) => m.step_yield).filter(Boolean);
     if (!yields.length) return null;
     return { stream_steps: yields.reduce((acc, y) => acc + y.stream_steps, 0), tokens: yields.reduce((acc, y) => acc + y.tokens, 0) };
+  }
+
+  // Every image-reading model's encoder (panels.py VisionPanel), added up; null when none reads
+  // images.
+  function combineVision(models) {
+    const readings = models.map((m) => m.vision).filter(Boolean);
+    if (!readings.length) return null;
+    const add = (key) => readings.reduce((acc, v) => acc + v[key], 0);
+    return { images_encoded: add("images_encoded"), images_cached: add("images_cached"), encoding: add("encoding"),
+      encode_s: add("encode_s"), failed: add("failed"), requests: add("requests") };
   }
 
   // Every model's speculation since its load, added up, with the modes they run in; null when
@@ -580,7 +620,16 @@
 
   // panels.box (dashboard/web/boxes.py): the worker's host, models by the registry's names
   // (loaded first), its load, free memory and runners.
-  function boxCard(box, runnersFaulty) {
+  // A loaded model's image encoder (panels.py VisionPanel): "images 3 encoded · 2 from the
+  // cache · 550 ms encoding · encoder busy"; "" for a model that reads no images.
+  function visionLine(v) {
+    if (!v) return "";
+    return "images " + v.images_encoded + " encoded · " + v.images_cached + " from the cache · " + ms(v.encode_s) +
+      " encoding · " + (v.encoding ? "encoder busy (" + count(v.encoding, "image") + ")" : "encoder idle") +
+      (v.failed ? " · " + v.failed + " unreadable" : "");
+  }
+
+  function boxCard(box, runnersFaulty, modelPanels) {
     const card = document.createElement("article");
     card.className = "box";
     card.setAttribute("aria-label", "box " + box.worker);
@@ -633,15 +682,26 @@
       const where = document.createElement("span");
       where.className = "model-where";
       const runner = runners.get(m.name);
+      let encoder = null; // the model's image encoder, a line of its own under the name
       if (m.loaded) {
         const parts = ["loaded"];
         if (m.n_ctx) parts.push(m.n_ctx + " ctx");
         if (m.slots_total) parts.push(m.slots_free + "/" + m.slots_total + " slots free");
         where.textContent = parts.join(" · ");
+        // In split mode a loaded model's name is its aliases, joined ("a, b"); the engine's is one.
+        const engine = m.name.split(", ").map((n) => modelPanels && modelPanels[n]).find(Boolean);
+        const vision = visionLine(engine && engine.vision);
+        if (vision) {
+          encoder = document.createElement("span");
+          encoder.className = "model-vision";
+          encoder.title = "the image encoder since the model loaded: pictures it encoded, pictures its cache already had, the time reading them took, and whether it is reading one now";
+          encoder.textContent = vision;
+        }
       } else {
         where.textContent = runner && FAULTY.has(runner) ? "runner " + runner : "on disk";
       }
       li.append(name, where);
+      if (encoder) li.append(encoder);
       list.append(li);
     });
     card.append(head, figures, list);
@@ -652,6 +712,7 @@
     const box = $("boxes");
     box.replaceChildren();
     const boxes = all.map((p) => p.box).filter(Boolean);
+    const models = new Map(all.filter((p) => p.box).map((p) => [p.box.worker, p.models]));
     if (!boxes.length) {
       const p = document.createElement("p");
       p.className = "muted";
@@ -661,7 +722,7 @@
       return;
     }
     boxes.sort((a, b) => a.worker.localeCompare(b.worker)).forEach((b) =>
-      box.append(boxCard(b, (b.runners || []).some((r) => r.state === "backing off" || r.state === "failed"))));
+      box.append(boxCard(b, (b.runners || []).some((r) => r.state === "backing off" || r.state === "failed"), models.get(b.worker))));
     const loadedOn = boxes.filter((b) => b.models.some((m) => m.loaded)).length;
     text("boxes-summary", config.mode === "split"
       ? count(boxes.length, "inference worker") + " · " + loadedOn + " with a model loaded"
@@ -923,6 +984,9 @@
     text("t-itl-tail", itl ? count(itl.count, "gap") + " between tokens in the last " + label + " · max " + ms(itl.max)
       : "no tokens written in the last " + label);
     drawDecodeSteps(a.step_yield, a.speculation);
+    $("t-prompt-images").hidden = !a.vision;
+    if (a.vision) text("t-prompt-images", "images " + a.vision.images_encoded + " encoded · " + a.vision.images_cached + " cached · " +
+      (a.vision.encoding ? "encoder busy" : "encoder idle"));
     text("t-queue", String(a.queue_depth));
     text("t-active", String(a.active_sequences));
     text("t-active-tail", a.active_sequences ? a.prefilling + " reading · " + a.decoding + " writing" : "active now");
@@ -1101,10 +1165,13 @@
     if (r.cached_tokens) read += " (" + r.cached_tokens + " of them cached, " + computed + " computed)";
     if (chunks.length) read += ", read in " + count(chunks.length, "chunk") + (writers ? " while " + count(writers, "stream") + " kept writing" : "");
     const load = r.timeline.find((p) => p.phase === "load");
+    const encode = r.timeline.find((p) => p.phase === "encode");
+    if (encode) read += " (" + (encode.tokens || r.image_tokens || 0) + " of them image tokens)";
     const lines = [
-      (load ? "waited " + ms(load.end - load.start) + " for the model to load; " : "") + read +
+      (load ? "waited " + ms(load.end - load.start) + " for the model to load; " : "") +
+        (encode ? "read its images in " + ms(encode.end - encode.start) + "; " : "") + read +
         "; answered " + count(r.output_tokens, "token") + " (" + outcome(r) + ").",
-      "queue " + ms(r.queue_time) + " · first token after " + ms(r.ttft) + " · prompt " + tps(r.prompt_tps) +
+      (encode ? "encode " + ms(r.encode_time) + " · " : "") + "queue " + ms(r.queue_time) + " · first token after " + ms(r.ttft) + " · prompt " + tps(r.prompt_tps) +
         " tok/s · writing " + tps(r.decode_tps) + " tok/s · total " + ms(r.total_time),
       r.client + " · " + r.source + " · " + r.model + (r.worker ? " · answered by " + r.worker +
         (r.route ? " (" + (ROUTES[r.route] || r.route) + ")" : "") : "") + " · " + new Date(r.start * 1000).toLocaleTimeString(),

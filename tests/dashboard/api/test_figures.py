@@ -86,3 +86,13 @@ def test_every_dialect_says_where_cached_tokens_came_from_and_what_speculation_d
     assert (found["cache_n_resident"], found["cache_n_ram"], found["cache_n_disk"]) == (0, 4, 0)
     assert found["cache_n"] == 4 and found["restore_ms"] == 1.5
     assert (found["draft_n"], found["draft_n_accepted"]) == (9, 6)
+
+
+@pytest.mark.parametrize("dialect", list(writers(False)))
+def test_every_dialect_says_what_reading_the_images_took_and_text_says_zero(dialect):
+    pictures = {**FIGURES, "encode_time": 0.1834, "image_tokens": 64, "images_encoded": 1}
+    seen = Ending(Piece("", "A cat."), [], {"finish_reason": "stop", "figures": pictures}, pictures)
+    (found,) = carried(writers(False)[dialect].final(seen), [])
+    assert (found["encode_ms"], found["image_n"]) == (183.4, 64)
+    (text,) = carried(writers(False)[dialect].final(ENDING), [])
+    assert (text["encode_ms"], text["image_n"]) == (0.0, 0)

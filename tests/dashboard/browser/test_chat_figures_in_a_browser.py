@@ -82,3 +82,34 @@ def test_an_answer_says_where_its_cached_tokens_came_from_and_what_speculation_k
     expect(explain).to_contain_text("the answer is the same")
     assert errors == []
     context.close()
+
+
+PICTURE = {**FIGURES, "encode_time": 0.183, "image_tokens": 64, "images_encoded": 1,
+           "images_cached": 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [pytest.param(DESKTOP, id="desktop"),
+                                  pytest.param(PHONE, id="phone")])  # fmt: skip
+def test_an_answer_to_a_picture_says_what_encoding_it_took_and_a_text_answer_says_nothing(
+    browser, live_appliance, size
+):
+    cid = conversation_with(live_appliance, FIGURES, PICTURE)
+    phone = size is PHONE
+    context = browser.new_context(viewport=size, is_mobile=phone, has_touch=phone)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    log_in(page, live_appliance, "alice", "pw-alice-123")
+    page.goto(f"{live_appliance.url}/c/{cid}/")
+    answers = page.locator(".msg-assistant")
+    expect(answers).to_have_count(2)
+    expect(answers.nth(0).locator(".chip", has_text="images")).to_have_count(0)
+    chip = answers.nth(1).locator(".chip", has_text="images")
+    expect(chip).to_have_text("images encode 183 ms · 64 image tokens")
+    chip.tap() if phone else chip.click()
+    expect(answers.nth(1).locator(".explain")).to_contain_text("1 encoded")
+    assert page.evaluate("document.documentElement.scrollWidth") <= size["width"] + 1
+    name = "chat-figures-images-" + ("phone" if phone else "desktop")
+    page.screenshot(path=f"/tmp/{name}.png")
+    assert errors == []
+    context.close()

@@ -388,3 +388,30 @@ def test_a_real_engine_snapshot_gives_the_warm_memory_and_speculation_panels():
     assert model["prompt_cache"]["enabled"] and model["prompt_cache"]["ram"]["bound"] == 1 << 20
     assert model["speculation"]["mode"] == "auto"
     assert model["step_yield"] == {"stream_steps": 0, "tokens": 0}  # no step yet
+
+
+def test_the_steps_say_which_prompt_tokens_were_images_and_when_the_encoder_was_busy():
+    engine = {"steps": {"ago": [3.0, 2.0, 1.0], "decode": [1, 1, 0], "prompt": [0, 70, 200],
+                        "ms": [9.0, 40.0, 80.0], "seqs": [1, 2, 1], "image": [0, 64, 900],
+                        "encoding": [1, 0, -2]},
+              "vision": {"encoding": 1, "requests": 1, "images_encoded": 3, "images_cached": 2,
+                         "encode_seconds": 0.55, "failed": 0, "cache": {"entries": 2}}}  # fmt: skip
+    model = panels({"models": {"m": engine}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    assert model["steps"]["image"] == [0, 64, 200]  # a part of the prompt tokens, never more
+    assert model["steps"]["encoding"] == [1, 0, 0]
+    assert model["vision"] == {"encoding": 1, "requests": 1, "images_encoded": 3,
+                               "images_cached": 2, "encode_s": 0.55, "failed": 0}  # fmt: skip
+
+
+def test_a_model_without_images_has_no_vision_panel_and_no_image_columns():
+    old = {"steps": {"ago": [1.0], "decode": [1], "prompt": [0], "ms": [20.0], "seqs": [1]},
+           "vision": None}  # fmt: skip
+    model = panels({"models": {"m": old}})["models"]["m"]
+    assert model["vision"] is None
+    assert (model["steps"]["image"], model["steps"]["encoding"]) == (None, None)
+    junk = panels({"models": {"m": {"vision": {"encoding": "busy", "encode_seconds": -1,
+                                               "images_encoded": float("nan")}}}})  # fmt: skip
+    json.dumps(junk, allow_nan=False)
+    vision = junk["models"]["m"]["vision"]
+    assert (vision["encoding"], vision["encode_s"], vision["images_encoded"]) == (0, 0.0, 0)

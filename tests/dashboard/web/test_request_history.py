@@ -84,6 +84,19 @@ def test_the_timeline_keeps_only_well_formed_phases():
     assert timeline == [{"phase": "decode", "start": 0.1, "end": 0.2}]
 
 
+def test_a_request_with_images_keeps_its_encode_phase_and_says_what_it_took():
+    encode = {"phase": "encode", "start": 0.0, "end": 0.18, "tokens": 64}
+    queue = {"phase": "queue", "start": 0.18, "end": 0.19}
+    figures = FIGURES | {"encode_time": 0.18, "image_tokens": 64,
+                         "timeline": [encode, queue, *FIGURES["timeline"][1:]]}  # fmt: skip
+    record(request_id="picture", figures=figures)
+    record(request_id="text")
+    text, picture = history.recent_requests()
+    assert picture["timeline"][:2] == [encode, queue]
+    assert (picture["encode_time"], picture["image_tokens"]) == (0.18, 64)
+    assert (text["encode_time"], text["image_tokens"]) == (None, 0)
+
+
 def test_pruning_deletes_only_records_older_than_the_retention(settings):
     settings.REQUEST_RETENTION_DAYS = 7
     keep = record(request_id="keep")
