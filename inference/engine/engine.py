@@ -894,40 +894,46 @@ class Engine:
         return PrefillEvent(request.id, done, request.prompt_len, request.cached_tokens)
 
     def _update(self, plan: StepPlan, sampled: list[list[int]], started: float, ended: float):
-        results = iter(sampled)
-        prompt_tokens = output_tokens = decode_tokens = image_tokens = 0
+        # 1. The step's figures, recorded before any of its events leaves: a client that reads
+        #    /metrics as soon as its answer is done finds the answer's last step counted.
+        prompt_tokens = decode_tokens = image_tokens = 0
         served: dict[tuple[str | None, str], int] = {}
-        speculation = self.scheduler.speculation
         for chunk in plan.chunks:
             request = chunk.request
             key = (request.share, request.priority)
             served[key] = served.get(key, 0) + chunk.size
-            request.num_computed += len(chunk.tokens)
             if request.status == Status.PREFILLING:
                 prompt_tokens += len(chunk.tokens)
                 if request.media:
                     image_tokens += sum(1 for token in chunk.tokens if is_media(token))
-                request.prefill_chunks.append((started, ended, len(chunk.tokens)))
-                self._deliver(request, self._prefill_progress(request))
             else:
                 decode_tokens += chunk.size
+        self.telemetry.record_step(
+            ended, prompt_tokens, sum(len(tokens) for tokens in sampled), len(plan.chunks),
+            ended - started, decode_tokens, background_decode=plan.background_decodes,
+            interactive=plan.interactive, paused=len(plan.paused), served=served,
+            verify=plan.draft_tokens, image=image_tokens,
+            encoding=self._encoder.busy if self._encoder is not None else 0,
+            save_s=plan.saved_s, restore_s=plan.restored_s,
+        )  # fmt: skip
+        # 2. Each request takes its tokens: progress, tokens, and its end where it ends.
+        results = iter(sampled)
+        speculation = self.scheduler.speculation
+        for chunk in plan.chunks:
+            request = chunk.request
+            request.num_computed += len(chunk.tokens)
+            if request.status == Status.PREFILLING:
+                request.prefill_chunks.append((started, ended, len(chunk.tokens)))
+                self._deliver(request, self._prefill_progress(request))
             if not chunk.sample:
                 continue
             tokens = next(results)
-            output_tokens += len(tokens)
             if speculation is not None and request.speculation is not None:
                 speculation.came(request, tokens, chunk.draft)
             if chunk.draft:
                 self._accept_verified(request, chunk, tokens)
             else:
                 self._accept_token(request, tokens[0])
-        self.telemetry.record_step(
-            ended, prompt_tokens, output_tokens, len(plan.chunks), ended - started, decode_tokens,
-            background_decode=plan.background_decodes, interactive=plan.interactive,
-            paused=len(plan.paused), served=served, verify=plan.draft_tokens,
-            image=image_tokens, encoding=self._encoder.busy if self._encoder is not None else 0,
-            save_s=plan.saved_s, restore_s=plan.restored_s,
-        )  # fmt: skip
 
     def _accept_verified(self, request: Request, chunk: Chunk, tokens: list[int]) -> None:
         """A speculating stream's tokens from one step (runner.execute): all but the last are
