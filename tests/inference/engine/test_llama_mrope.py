@@ -47,13 +47,14 @@ def paths(tmp_path_factory):
     return str(model), str(write_projector(folder / "mmproj.gguf"))
 
 
-def make_runner(paths, slots: int = 2):
+def make_runner(paths, slots: int = 2, **settings):
     from inference.engine.runner import LlamaRunner
     from inference.engine.runner_config import RunnerConfig
 
     model, projector = paths
     return LlamaRunner(RunnerConfig(model_path=model, mmproj_path=projector, ctx_per_seq=1024,
-                                    parallel=slots, cache_slots=0, n_threads=2))  # fmt: skip
+                                    parallel=slots, cache_slots=0, n_threads=2,
+                                    **settings))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +138,24 @@ def test_a_picture_conversation_restored_from_the_ram_tier_answers_as_read_cold(
         assert second.figures["cached_by_tier"]["ram"] > 0
         expected = engine.on_engine_thread(lambda: llama_cpps_own_answer(
             engine.runner, paths, second_turn, [image(7)], GREEDY.max_tokens)).result()  # fmt: skip
+        assert ids == expected
+    finally:
+        engine.shutdown()
+
+
+def test_images_cut_into_steps_of_a_few_rows_answer_as_llama_cpps_own_path(paths):
+    """A batch of 10: each image is fed in parts, each part's rows at their 2-D positions after
+    the KV of the rows before them."""
+    engine = Engine(make_runner(paths, n_batch=10, n_ubatch=10), itl_target=1.0).start()
+    try:
+        prompt = chat("Which is brighter?", images=2)
+        media = [image(8, (64, 48)), image(9)]
+        final, ids = answer(engine, prompt, media)
+        assert final.figures["image_tokens"] == 12 + 8
+        parts = [part["tokens"] for part in final.figures["timeline"] if part["phase"] == "prefill"]
+        assert max(parts) <= 10 and sum(parts) == final.figures["prompt_tokens"]
+        expected = engine.on_engine_thread(lambda: llama_cpps_own_answer(
+            engine.runner, paths, prompt, media, GREEDY.max_tokens)).result()  # fmt: skip
         assert ids == expected
     finally:
         engine.shutdown()
