@@ -44,7 +44,8 @@ encoded, each image's positions holding pseudo ids, and is scheduled like text, 
 more: a prompt chunk is a run of text and then of one image, ending where that image ends (the
 runner feeds image rows as an embedding batch after the token batch), and an image the
 projector wants whole is never cut (vision.chunk_length). A cached prefix keeps an M-RoPE image
-(Qwen2-VL: its rows share one KV position) whole or not at all (vision.reusable).
+(Qwen2-VL: its rows share one KV position) and one the projector wants whole (non-causal) whole
+or not at all (vision.reusable).
 
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes

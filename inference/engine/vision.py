@@ -15,7 +15,8 @@ to llama_decode, and speculation never drafts from or into one (speculation.poli
 A token's KV position is its index in its sequence, except with M-RoPE (Qwen2-VL and its kin):
 there an image of nx x ny rows takes max(nx, ny) positions, its rows placed in 2-D from the
 first (ImageSpan.mrope), so every position the runner feeds, trims or checks goes through
-`kv_position`, and a cached prefix keeps such an image whole or not at all (`reusable`).
+`kv_position`, and a cached prefix keeps such an image, like one the projector reads whole,
+whole or not at all (`reusable`).
 
 Embeddings are kept in a bounded RAM cache by the same key, so the same picture sent again is
 not encoded again. A picture that cannot be decoded, or one too large to decode safely (its
@@ -209,10 +210,11 @@ def kv_position(spans: list[ImageSpan] | None, index: int) -> int:
 
 def reusable(spans: list[ImageSpan] | None, n: int) -> int:
     """How much of a cached prefix of `n` tokens a prompt can keep: all of it, except that an
-    M-RoPE image is kept whole or not at all (its rows share one KV position, so its KV cannot
-    be cut inside it)."""
+    M-RoPE image (its rows share one KV position, so its KV cannot be cut inside it) and an
+    image the projector reads whole (non-causal: each row's KV was computed seeing every other
+    row, so its rest cannot be fed after a cut part) are kept whole or not at all."""
     for span in spans or ():
-        if span.start < n < span.end and span.mrope is not None:
+        if span.start < n < span.end and (span.mrope is not None or span.whole):
             return span.start
     return n
 

@@ -164,6 +164,13 @@ def test_a_cached_prefix_may_end_inside_an_image_without_mrope():
     assert reusable(spans((5, 8)), 9) == 9 and reusable(None, 9) == 9
 
 
+def test_a_cached_prefix_keeps_an_image_the_projector_reads_whole_whole_or_not_at_all():
+    # Gemma 3's projector reads an image non-causally: the KV of its first rows was computed
+    # seeing the rest, so a prefix cut inside it cannot be continued by feeding the rest.
+    assert reusable(spans((5, 8), whole=True), 9) == 5
+    assert reusable(spans((5, 8), whole=True), 13) == 13
+
+
 def test_the_encoder_cache_drops_the_least_recently_used_beyond_its_bound():
     import numpy as np
 
