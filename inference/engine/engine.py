@@ -131,6 +131,9 @@ class Runner(Protocol):
     # def read_images(self, prompt: str, images, add_special: bool) -> MediaPrompt: ...
     # def encode_image(self, prompt: MediaPrompt, index: int) -> numpy.ndarray: ...
     # def free_media(self, prompt: MediaPrompt) -> None: ...
+    # The images of the prompt a sequence now holds (on admission, before its KV edits): where
+    # an image takes fewer KV positions than tokens (M-RoPE), its trims go through them.
+    # def hold(self, seq_id: int, spans: list[ImageSpan] | None) -> None: ...
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -777,6 +780,9 @@ class Engine:
         are the step's: `plan.saved_s`, `plan.restored_s`, in its record); then each request
         admitted with cached tokens is checked to go on from them (runner.continues: a model
         with sliding-window layers may have dropped what an old prefix needs)."""
+        if self._encoder is not None:  # the images whose KV positions the edits speak of
+            for request in plan.admitted:
+                self.runner.hold(request.seq_id, request.media)
         for op in plan.kv_ops:
             if isinstance(op, KvTrim):
                 self.runner.trim([op])

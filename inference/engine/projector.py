@@ -77,15 +77,12 @@ class Projector:
         self.mrope = bool(mt.mtmd_decode_use_mrope(self.ctx))
         marker = mt.mtmd_get_marker(self.ctx)
         self.marker = marker.decode() if marker else MEDIA_MARKER
-        # Positions are token indexes everywhere in the engine (the prefix cache, trims, the
-        # tiers): M-RoPE's 2-D image positions (Qwen2-VL and its kin) are not, so such a
-        # projector is loaded but its images are refused, with this reason.
+        # With M-RoPE (Qwen2-VL and its kin: the language model's rope type) an image's rows
+        # take 2-D positions, fewer than its tokens: each span carries them (ImageSpan.mrope)
+        # and every KV position goes through vision.kv_position.
         self.problem = None
         if not self.vision:
             self.problem = "its projector has no vision encoder"
-        elif self.mrope:
-            self.problem = ("its projector needs M-RoPE image positions (Qwen2-VL style), which "
-                            "this engine does not feed yet")  # fmt: skip
         self.image_tokens = self._fixed_image_tokens()
         self.pictures = None
         if not self.problem:
@@ -179,21 +176,47 @@ class Projector:
             if kind != mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise Refused("this model's projector reads audio, not images",
                               kind=RefusalKind.INVALID, field="images")  # fmt: skip
-            if int(mt.mtmd_input_chunk_get_n_pos(chunk)) != n:
+            n_pos = int(mt.mtmd_input_chunk_get_n_pos(chunk))
+            if n_pos != n and not self.mrope:
                 raise Refused("this projector's images take fewer positions than tokens, which "
                               "this engine does not feed", kind=RefusalKind.INVALID,
                               field="images")  # fmt: skip
             raw = mt.mtmd_input_chunk_get_id(chunk)
             digest = raw.decode() if raw else next(digests, "")
-            key = image_key(self.key, digest)
+            mrope = self._mrope_positions(chunk, n) if self.mrope else None
+            identity = digest
+            if mrope is not None:  # the same picture is the same KV only where its rows sit alike
+                layout = hashlib.sha256(mrope[0].tobytes() + mrope[1].tobytes()).hexdigest()
+                identity = f"{digest}\n{layout}"
+            key = image_key(self.key, identity)
             whole = bool(mt.mtmd_decode_use_non_causal(self.ctx, chunk))
             if whole and n > self.max_whole:
                 raise Refused(f"an image here is {n} tokens, and this projector needs it read in "
                               f"one batch: load the model with a batch of at least {n}",
                               kind=RefusalKind.INVALID, field="images")  # fmt: skip
-            spans.append(ImageSpan(len(ids), n, key, digest, whole))
+            spans.append(ImageSpan(len(ids), n, key, digest, whole, n_pos=n_pos, mrope=mrope))
             ids.extend(media_ids(key, n))
         return MediaPrompt(ids, spans, native=chunks)
+
+    @staticmethod
+    def _mrope_positions(chunk, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """An image chunk's M-RoPE row positions as ImageSpan.mrope keeps them: in llama.cpp's
+        section order (t, y, x, z: mtmd-helper's set_position_mrope_2d), at a first position of
+        0, and how much each moves per position (libmtmd's mtmd_image_tokens_get_decoder_pos,
+        read at 0 and 1: a section that holds the image's number, not a position, does not)."""
+        tokens = mt.mtmd_input_chunk_get_tokens_image(chunk)
+        if not tokens:
+            raise RuntimeError("libmtmd gave an image chunk without its image tokens")
+
+        def at(base: int) -> np.ndarray:
+            rows = np.empty((4, n), dtype=np.int32)
+            for i in range(n):
+                pos = mt.mtmd_image_tokens_get_decoder_pos(tokens, base, i)
+                rows[:, i] = (pos.t, pos.y, pos.x, pos.z)
+            return rows
+
+        offsets = at(0)
+        return offsets, at(1) - offsets
 
     def encode(self, prompt: MediaPrompt, index: int) -> np.ndarray:
         """The embeddings of the prompt's `index`th image: float32, n_tokens x n_embd."""

@@ -13,6 +13,12 @@ hash"), and a second turn about the same picture reuses its KV. The runner feeds
 from the embeddings (an embedding batch beside the token batch); nothing ever gives a pseudo id
 to llama_decode, and speculation never drafts from or into one (speculation.policy).
 
+A token's KV position is its index in its sequence, except with M-RoPE (Qwen2-VL and its kin):
+there an image of nx x ny rows takes max(nx, ny) positions, its rows placed in 2-D from the
+first (ImageSpan.mrope), so every position the runner feeds, trims or checks goes through
+`kv_position`, and a cached prefix keeps such an image, like one the projector reads whole,
+whole or not at all (`reusable`).
+
 Embeddings are kept in a bounded RAM cache by the same key, so the same picture sent again is
 not encoded again. A picture that cannot be decoded, or one too large to decode safely (its
 header is read first, `check_pictures`), costs that request only: a clear "invalid" refusal.
@@ -144,7 +150,7 @@ def check_pictures(images: tuple[Image, ...], max_pixels: int = MAX_PIXELS) -> N
 
 @dataclass(slots=True, eq=False)
 class ImageSpan:
-    """One image's positions in a prompt: [start, start + n_tokens)."""
+    """One image's places in a prompt: [start, start + n_tokens)."""
 
     start: int
     n_tokens: int
@@ -154,10 +160,64 @@ class ImageSpan:
     # (mtmd_decode_use_non_causal): the scheduler never cuts it.
     whole: bool = False
     embeddings: np.ndarray | None = None  # float32, n_tokens x n_embd, once encoded
+    # M-RoPE (Qwen2-VL and its kin; None elsewhere): the image's rows take `n_pos` KV positions,
+    # not n_tokens, and each row has four (llama.cpp's sections t, y, x, z). Row i of an image
+    # whose first position is p sits at `mrope[0][:, i] + p * mrope[1][:, i]`; its KV cell's
+    # position is the t section's, p for every row of a Qwen2-VL image.
+    n_pos: int = 0
+    mrope: tuple[np.ndarray, np.ndarray] | None = None  # int32 (4, n_tokens): at p = 0, per p
 
     @property
     def end(self) -> int:
         return self.start + self.n_tokens
+
+    @property
+    def skipped(self) -> int:
+        """How many fewer positions than tokens the image takes (0 without M-RoPE)."""
+        return self.n_tokens - self.n_pos if self.mrope is not None else 0
+
+    def row_positions(self, base: int, first: int, last: int) -> np.ndarray:
+        """The M-RoPE positions (4, last - first) of rows [first, last) of the image, its first
+        position being `base`."""
+        offsets, steps = self.mrope
+        return offsets[:, first:last] + base * steps[:, first:last]
+
+
+def first_position(spans: list[ImageSpan], span: ImageSpan) -> int:
+    """The KV position an image of a prompt starts at: its index, less what the M-RoPE images
+    before it skipped."""
+    return span.start - sum(before.skipped for before in spans if before.end <= span.start)
+
+
+def kv_position(spans: list[ImageSpan] | None, index: int) -> int:
+    """The KV position of a sequence's `index`th token (a prompt's place or an answer's token).
+
+    It is the index itself except after an M-RoPE image, which takes fewer positions than
+    tokens: each one before `index` moves it back by ImageSpan.skipped, and every row of such an
+    image sits at the image's own t position. llama.cpp keeps a cell's t position, so this is
+    what llama_memory_seq_rm and seq_pos_max speak of."""
+    if not spans:
+        return index
+    moved = 0
+    for span in spans:
+        if index < span.start:
+            break
+        if index < span.end and span.mrope is not None:
+            return int(span.row_positions(span.start - moved, index - span.start,
+                                          index - span.start + 1)[0, 0])  # fmt: skip
+        moved += span.skipped
+    return index - moved
+
+
+def reusable(spans: list[ImageSpan] | None, n: int) -> int:
+    """How much of a cached prefix of `n` tokens a prompt can keep: all of it, except that an
+    M-RoPE image (its rows share one KV position, so its KV cannot be cut inside it) and an
+    image the projector reads whole (non-causal: each row's KV was computed seeing every other
+    row, so its rest cannot be fed after a cut part) are kept whole or not at all."""
+    for span in spans or ():
+        if span.start < n < span.end and (span.mrope is not None or span.whole):
+            return span.start
+    return n
 
 
 @dataclass(slots=True, eq=False)
