@@ -33,6 +33,7 @@ import ctypes
 import importlib
 import logging
 import os
+import resource
 import select
 import struct
 import subprocess
@@ -277,6 +278,9 @@ def main(argv: list[str] | None = None) -> None:
         os.nice(ENCODER_NICE)  # below the steps, as the encoder thread is
     except OSError:
         pass
+    # A crash here is expected now and then (that is why it is a process): no core file of it
+    # in the project's directory.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     module, _, name = args.decode.partition(":")
     decode = getattr(importlib.import_module(module), name)
     _serve(decode, sys.stdin.buffer, replies)
