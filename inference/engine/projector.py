@@ -1,9 +1,10 @@
 """A vision projector loaded beside a model with libmtmd (llama.cpp's tools/mtmd): runner-process
 code, like runner.py, the only other module that calls llama.cpp.
 
-It reads a prompt with images as llama-server does (mtmd_helper_bitmap_init_from_buf decodes each
-picture with stb_image, mtmd_tokenize splits text and images into chunks) and encodes one image
-chunk at a time (mtmd_encode_chunk). Everything here runs on the engine's encoder thread
+It reads a prompt with images as llama-server does (each picture decoded by libmtmd's own decoder,
+mtmd_helper_bitmap_init_from_buf, but in the runner's decoder process: picture_decoder.py;
+mtmd_tokenize splits text and images into chunks) and encodes one image chunk at a time
+(mtmd_encode_chunk). Everything here runs on the engine's encoder thread
 (inference.engine.vision.Encoder), never on the step thread: libmtmd's context is that
 thread's alone. The embeddings it returns are fed into llama_decode by the runner, on the step
 thread, in chunks inside the step budget.
@@ -18,13 +19,9 @@ import llama_cpp.mtmd_cpp as mt
 import numpy as np
 
 from inference.engine.media import MEDIA_MARKER, Image
+from inference.engine.picture_decoder import DecoderFailed, PictureDecoder
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.vision import ImageSpan, MediaPrompt, image_key, media_ids
-
-# stb_image reads JPEG, PNG, GIF and BMP. Bytes it cannot read would fall through to libmtmd's
-# video path, which launches ffprobe: pointed at a directory that has none, a corrupt picture
-# is refused without starting a program.
-_NO_FFMPEG = b"/nonexistent/ffmpeg-is-not-used-for-images"
 
 
 def route_logs(callback) -> None:
@@ -50,11 +47,13 @@ def projector_key(path: str, sha256: str = "") -> str:
 
 class Projector:
     def __init__(self, path: str, model, *, n_threads: int, use_gpu: bool, flash_attn: bool,
-                 n_embd: int, max_whole: int, sha256: str = ""):  # fmt: skip
+                 n_embd: int, max_whole: int, sha256: str = "",
+                 pictures: PictureDecoder | None = None):  # fmt: skip
         """`n_embd`: the model's input width (llama_model_n_embd_inp); `max_whole`: the most
         image tokens one llama_decode takes in one ubatch (an image the projector wants
         decoded with causal attention off must fit it); `sha256`: the file's digest where the
-        catalog knows it (projector_key)."""
+        catalog knows it (projector_key); `pictures`: the decoder process to read pictures
+        with (a real one by default), the projector's to close."""
         if not os.path.isfile(path):
             raise ProjectorError(f"projector file not found: {path}")
         params = mt.mtmd_context_params_default()
@@ -85,6 +84,9 @@ class Projector:
         if not self.vision:
             self.problem = "its projector has no vision encoder"
         self.image_tokens = self._fixed_image_tokens()
+        self.pictures = None
+        if not self.problem:
+            self.pictures = (pictures or PictureDecoder()).start()
 
     def _fixed_image_tokens(self) -> int | None:
         """Image tokens per image where they do not depend on the picture's size (two pictures
@@ -129,15 +131,18 @@ class Projector:
             raise
 
     def _bitmap(self, image: Image, n: int | None):
-        data = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data)
-        opt = mt.mtmd_helper_init_opt_default()
-        opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG
-        bitmap = mt.mtmd_helper_bitmap_init_from_buf(self.ctx, data, len(image.data), False, opt)
-        if not bitmap:
-            which = f"image {n}" if n else "the image"
+        which = f"image {n}" if n else "the image"
+        try:
+            picture = self.pictures.decode(image.data)
+        except DecoderFailed as exc:
+            raise Refused(f"{which} could not be decoded: {exc} (it is unreadable)",
+                          kind=RefusalKind.INVALID, field="images") from exc  # fmt: skip
+        if picture is None:
             raise Refused(f"{which} could not be decoded: the {image.kind.upper()} data is "
                           "corrupt or of a kind the decoder does not read",
                           kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        pixels = (ctypes.c_uint8 * len(picture.rgb)).from_buffer_copy(picture.rgb)
+        bitmap = mt.mtmd_bitmap_init(picture.width, picture.height, pixels)
         mt.mtmd_bitmap_set_id(bitmap, image.digest.encode())
         return bitmap
 
@@ -248,6 +253,8 @@ class Projector:
                 "problem": self.problem}  # fmt: skip
 
     def close(self) -> None:
+        if self.pictures is not None:
+            self.pictures.close()
         if self.ctx:
             mt.mtmd_free(self.ctx)
             self.ctx = None

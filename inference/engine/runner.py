@@ -22,6 +22,7 @@ from inference.engine.draft_model import DraftModel, DraftModelError
 from inference.engine.embedding import pack
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
+from inference.engine.picture_decoder import PictureDecoder
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.projector import Projector, ProjectorError, route_logs
 from inference.engine.request import Request
@@ -106,7 +107,9 @@ def _grammar_complaint(grammar: str, lines: list[str]) -> str:
 
 
 class LlamaRunner:
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, *, pictures: PictureDecoder | None = None):
+        """`pictures`: the process a vision model's pictures are decoded in (its own, by
+        default: inference.engine.picture_decoder)."""
         _init_backend()
         self.config = config
         if not os.path.isfile(config.model_path):
@@ -141,7 +144,7 @@ class LlamaRunner:
         self._layouts: dict[int, list[ImageSpan] | None] = {}
         self._saved_logits: dict[str, dict[int, np.ndarray]] = {}
         try:
-            self._projector = self._load_projector(config)
+            self._projector = self._load_projector(config, pictures)
         except LoadError:
             self._free_model()
             raise
@@ -206,7 +209,8 @@ class LlamaRunner:
             self.draft_problem = str(exc)
             return None
 
-    def _load_projector(self, config: RunnerConfig) -> Projector | None:
+    def _load_projector(self, config: RunnerConfig,
+                        pictures: PictureDecoder | None) -> Projector | None:  # fmt: skip
         """The vision projector, with libmtmd: a projector that does not load is the load's
         failure (the model was asked for with it), said clearly. Its encoder gets threads of its
         own, few on a small box: it runs beside the steps (inference.engine.vision), and the
@@ -223,7 +227,7 @@ class LlamaRunner:
             projector = Projector(config.mmproj_path, self.model, n_threads=threads,
                                   use_gpu=use_gpu, flash_attn=config.flash_attn, n_embd=n_embd,
                                   max_whole=min(config.n_ubatch, config.n_batch),
-                                  sha256=config.mmproj_sha256)  # fmt: skip
+                                  sha256=config.mmproj_sha256, pictures=pictures)  # fmt: skip
         except ProjectorError as exc:
             raise LoadError(str(exc)) from exc
         self._embd_batch = ll.llama_batch_init(self.n_batch, n_embd, 1)

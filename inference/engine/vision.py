@@ -1,7 +1,8 @@
 """Images in the engine: a phase of their own, beside the steps, and remembered by content.
 
 A request with images (GenerationRequest.media) is read by the runner's encoder thread before the
-scheduler sees it: the runner decodes each picture and splits the prompt into text and image
+scheduler sees it: the runner has each picture decoded (in a process of its own, so a decoder
+crash costs that request only: picture_decoder.py) and splits the prompt into text and image
 chunks (libmtmd's mtmd_tokenize), and the projector encodes each image into embeddings, one row
 per image position. Meanwhile the steps go on: the encoder has a thread of its own, with its own
 threads and a lower OS priority, so running streams keep their ITL target. The request then

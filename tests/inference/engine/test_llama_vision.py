@@ -177,6 +177,48 @@ def test_a_corrupt_picture_fails_that_request_only(engine):
     assert good.type == "done" and good.text
 
 
+def test_a_decoder_that_dies_on_a_picture_costs_that_answer_only(paths, extra_bufts):
+    """The pictures are decoded in the runner's decoder process: one that kills it (os.abort
+    there, as a native crash on hostile bytes would) fails its own request with a clear error,
+    while a text stream of the same engine finishes its answer as it would have alone, and the
+    next picture is read by a new decoder."""
+    from inference.engine.picture_decoder import PictureDecoder
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+    from tests.inference.engine.picture_decoders import POISON, aborts_on_poison
+
+    pictures = PictureDecoder(aborts_on_poison)
+    runner = LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=paths[1], ctx_per_seq=512,
+                                      parallel=2, n_threads=2, use_extra_bufts=extra_bufts),
+                         pictures=pictures)  # fmt: skip
+    engine = Engine(runner, itl_target=0.1).start()
+    try:
+        counting = (
+            "<|im_start|>user\nCount from one to forty in words.<|im_end|>\n<|im_start|>assistant\n"
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=80)
+        alone, alone_ids = answer(engine, counting, [], params)
+        stream = engine.submit(GenerationRequest(counting, params))
+        events = stream.events(timeout=120)
+        ids = [next(e for e in events if e.type == "token" and e.token_id >= 0).token_id]
+        first_decoder = pictures.pid
+        hostile = Image.from_bytes(picture(64, 48, seed=114) + POISON)
+        crashed, _ = answer(engine, chat("What is this?"), [hostile])
+        assert crashed.type == "error" and crashed.code == RefusalKind.INVALID
+        assert "the image could not be decoded" in crashed.message
+        assert "died" in crashed.message and "unreadable" in crashed.message
+        final = None
+        for final in events:
+            if final.type == "token" and final.token_id >= 0:
+                ids.append(final.token_id)
+        assert final.type == "done" and ids == alone_ids and final.text == alone.text
+        good, good_ids = answer(engine, chat("And this one?"), [image(114)])
+        assert good.type == "done" and good_ids
+        assert pictures.restarts == 1 and pictures.pid != first_decoder
+    finally:
+        engine.shutdown()
+
+
 def test_a_picture_of_too_many_pixels_is_refused_before_it_is_decoded(engine):
     huge = Image.from_bytes(huge_png(10_000, 8_000))
     with pytest.raises(Refused) as refused:
