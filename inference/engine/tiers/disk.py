@@ -292,7 +292,12 @@ class DiskTier:
             return
         # A forget recorded after this is read covers the image (the encoder has just made it
         # for a request of that partition): the write then does not happen.
-        self._submit(("image", None, (partition, key, embeddings, forgets.last(self.root))))
+        try:
+            seen = forgets.last(self.root)
+        except OSError as exc:  # an unreadable log: kept in RAM only, the request goes on
+            log.warning("encoded image %s not kept on disk: %s", key[:12], exc)
+            return
+        self._submit(("image", None, (partition, key, embeddings, seen)))
 
     def read_image(self, partition: str | None, key: str, rows: int,
                    cols: int) -> np.ndarray | None:  # fmt: skip
