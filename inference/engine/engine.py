@@ -134,6 +134,7 @@ class Runner(Protocol):
     # The images of the prompt a sequence now holds (on admission, before its KV edits): where
     # an image takes fewer KV positions than tokens (M-RoPE), its trims go through them.
     # def hold(self, seq_id: int, spans: list[ImageSpan] | None) -> None: ...
+    # image_width: int (an image's embeddings' width; without it none are kept on disk)
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -211,7 +212,8 @@ class Engine:
         # Requests whose images the encoder is reading, by id (the engine thread's: see
         # _handle_message); the encoder, where the runner takes images.
         self._preparing: dict[str, Request] = {}
-        self._encoder = (Encoder(runner, self._images_read, name=name)
+        # Encoded images outlive the process in the tiers' disk tier (PromptStore.read_image).
+        self._encoder = (Encoder(runner, self._images_read, name=name, shelf=prompts)
                          if getattr(runner, "takes_images", False) else None)  # fmt: skip
         if prompts is not None:
             self._inbox.put(("forgets",))
@@ -652,6 +654,8 @@ class Engine:
             if self.speculation is not None:  # what its answers taught the n-gram table too
                 self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
+            if self._encoder is not None:  # its encoded images (the tiers drop those on disk)
+                self._encoder.cache.forget(partition, everything=everything)
             self._apply_forgets()  # its record too (kept_prompts writes it first): said done
             future.set_result(dropped)
         elif kind == "forgets":
@@ -663,6 +667,8 @@ class Engine:
             return
         for forget in self.prompts.apply_forgets():
             self.scheduler.forget(forget.partition, forget.everything)
+            if self._encoder is not None:
+                self._encoder.cache.forget(forget.partition, everything=forget.everything)
             if self.speculation is not None:
                 self.speculation.forget(forget.partition, everything=forget.everything)
 

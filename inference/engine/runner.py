@@ -258,6 +258,12 @@ class LlamaRunner:
         return self._projector is not None
 
     @property
+    def image_width(self) -> int | None:
+        """The width of an image's embeddings (the model's input width); None without a
+        projector."""
+        return self._projector.n_embd if self._projector is not None else None
+
+    @property
     def image_problem(self) -> str | None:
         return self._projector.problem if self._projector is not None else None
 

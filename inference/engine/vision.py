@@ -19,9 +19,13 @@ first (ImageSpan.mrope), so every position the runner feeds, trims or checks goe
 `kv_position`, and a cached prefix keeps such an image, like one the projector reads whole,
 whole or not at all (`reusable`).
 
-Embeddings are kept in a bounded RAM cache by the same key, so the same picture sent again is
-not encoded again. A picture that cannot be decoded, or one too large to decode safely (its
-header is read first, `check_pictures`), costs that request only: a clear "invalid" refusal.
+Embeddings are kept in a bounded RAM cache by the same key, and where the model keeps prompts
+on disk in its disk tier too (tiers.images: the encoder reads them, the disk thread writes
+them), so the same picture sent again, after an unload or a restart too, is not encoded again.
+Both are partitioned like the prompt cache: a hit is never another partition's, and a forget
+drops a partition's images with its kept prompts. A picture that cannot be decoded, or one too
+large to decode safely (its header is read first, `check_pictures`), costs that request only:
+a clear "invalid" refusal.
 
 This module imports no llama_cpp: the runner does the llama.cpp part (runner.py, projector.py).
 """
@@ -36,6 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -261,7 +266,8 @@ class EmbeddingCache:
 
     def __init__(self, capacity: int = CACHE_BYTES):
         self.capacity = capacity
-        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        # key -> (its partition, for a forget; its embeddings)
+        self._entries: OrderedDict[str, tuple[str | None, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -275,20 +281,29 @@ class EmbeddingCache:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return found
+            return found[1]
 
-    def put(self, key: str, embeddings: np.ndarray) -> None:
+    def put(self, key: str, embeddings: np.ndarray, partition: str | None = None) -> None:
         if embeddings.nbytes > self.capacity:
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self.bytes -= old.nbytes
-            self._entries[key] = embeddings
+                self.bytes -= old[1].nbytes
+            self._entries[key] = (partition, embeddings)
             self.bytes += embeddings.nbytes
             while self.bytes > self.capacity:
-                _, dropped = self._entries.popitem(last=False)
+                _, (_, dropped) = self._entries.popitem(last=False)
                 self.bytes -= dropped.nbytes
+
+    def forget(self, partition: str | None = None, *, everything: bool = False) -> int:
+        """Drop a partition's images (everything: all); returns how many."""
+        with self._lock:
+            gone = [key for key, (owner, _) in self._entries.items()
+                    if everything or owner == partition]  # fmt: skip
+            for key in gone:
+                self.bytes -= self._entries.pop(key)[1].nbytes
+            return len(gone)
 
     def reading(self) -> dict:
         with self._lock:
@@ -327,10 +342,20 @@ class EncoderStopped(Exception):
     pass
 
 
+class ImageShelf(Protocol):
+    """Where encoded images outlive the process (tiers.PromptStore: its disk tier's images)."""
+
+    def read_image(self, partition: str | None, key: str, rows: int,
+                   cols: int) -> np.ndarray | None: ...  # fmt: skip
+
+    def write_image(self, partition: str | None, key: str, embeddings: np.ndarray) -> None: ...
+
+
 @dataclass(slots=True)
 class _Totals:
     images: int = 0
     cached: int = 0
+    from_disk: int = 0  # of the cached ones, read from the shelf (the RAM cache did not have it)
     seconds: float = 0.0
     failed: int = 0
 
@@ -338,14 +363,20 @@ class _Totals:
 class Encoder:
     """The thread that reads requests' images (runner.read_images, runner.encode_image) beside
     the steps. `done(job, result)` gets a MediaPrompt with every span's embeddings, or the
-    Refused that ends that request; it runs on this thread."""
+    Refused that ends that request; it runs on this thread. An image not in the RAM `cache` is
+    looked for on the `shelf` (None: there is none) before it is encoded, and kept there once
+    encoded."""
 
     def __init__(self, runner, done: Callable[[MediaJob, object], None], *,
-                 cache: EmbeddingCache | None = None, name: str = "",
-                 nice: int = ENCODER_NICE):  # fmt: skip
+                 cache: EmbeddingCache | None = None, shelf: ImageShelf | None = None,
+                 name: str = "", nice: int = ENCODER_NICE):  # fmt: skip
         self.runner = runner
         self.done = done
         self.cache = cache if cache is not None else EmbeddingCache()
+        # An image's embeddings are as wide as the model's input (a shelved file is checked).
+        width = getattr(runner, "image_width", None)
+        self.shelf = shelf if width else None
+        self.width = width
         self.nice = nice
         self.cancelled: set[str] = set()  # request ids the engine gave up on (any thread adds)
         self.busy = 0  # images being encoded right now (the step records read it)
@@ -403,8 +434,15 @@ class Encoder:
                 for n, span in enumerate(prompt.spans):
                     if request.id in self.cancelled:
                         raise EncoderStopped("cancelled")
-                    key = embedding_key(request.cache_partition, span.key)
+                    partition = request.cache_partition
+                    key = embedding_key(partition, span.key)
                     span.embeddings = self.cache.get(key)
+                    if span.embeddings is None and self.shelf is not None:
+                        span.embeddings = self.shelf.read_image(partition, key, span.n_tokens,
+                                                                self.width)  # fmt: skip
+                        if span.embeddings is not None:
+                            self.cache.put(key, span.embeddings, partition)
+                            self.totals.from_disk += 1
                     if span.embeddings is not None:
                         figures.cached += 1
                         continue
@@ -413,7 +451,9 @@ class Encoder:
                         span.embeddings = self.runner.encode_image(prompt, n)
                     finally:
                         self.busy -= 1
-                    self.cache.put(key, span.embeddings)
+                    self.cache.put(key, span.embeddings, partition)
+                    if self.shelf is not None:
+                        self.shelf.write_image(partition, key, span.embeddings)
                     figures.encoded += 1
             finally:
                 self.runner.free_media(prompt)
@@ -435,5 +475,6 @@ class Encoder:
     def reading(self) -> dict:
         totals = self.totals
         return {"encoding": self.busy, "images_encoded": totals.images,
-                "images_cached": totals.cached, "encode_seconds": round(totals.seconds, 4),
+                "images_cached": totals.cached, "images_from_disk": totals.from_disk,
+                "encode_seconds": round(totals.seconds, 4),
                 "failed": totals.failed, "cache": self.cache.reading()}  # fmt: skip
