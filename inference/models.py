@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from inference.catalog.netguard import redact_url
+from inference.gguf import fim_tokens
 
 SERVING_RELATED = ("base", "draft", "base__draft", "projector", "base__projector")
 
@@ -175,6 +176,19 @@ class LLMModel(models.Model):
     def takes_images(self) -> bool:
         """Whether its weights load with a vision projector (a derived model's: its base's)."""
         return self.weights.projector_id is not None
+
+    @property
+    def fim_tokens(self) -> dict[str, dict]:
+        """Its vocabulary's fill-in-the-middle tokens by role ({"pre": {"id", "text"}, ...}), as
+        the catalog read them (inference.gguf.fim_tokens); a derived model's: its base's."""
+        found = (self.weights.metadata or {}).get("fim")
+        return found if isinstance(found, dict) else {}
+
+    @property
+    def fills_in_middle(self) -> bool:
+        """Whether it can fill in the middle (Ollama's capability "insert"): its vocabulary has
+        the prefix, suffix and middle tokens."""
+        return all(role in self.fim_tokens for role in fim_tokens.REQUIRED)
 
     @property
     def weights(self) -> "LLMModel":

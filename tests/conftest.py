@@ -88,3 +88,11 @@ def member(db, django_user_model):
 @pytest.fixture
 def outsider(db, django_user_model):
     return django_user_model.objects.create_user("mallory", password="pw-mallory-123")
+
+
+@pytest.fixture(scope="session")
+def code_model_path(tmp_path_factory, starter_path):
+    """The starter model with fill-in-the-middle token ids set (tests.code_model)."""
+    from tests.code_model import write_code_model
+
+    return write_code_model(starter_path, tmp_path_factory.mktemp("code") / "smollm2-coder.gguf")

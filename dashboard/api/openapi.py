@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 
 from dashboard.api.anthropic import schemas as anthropic
 from dashboard.api.auth import api_endpoint
+from dashboard.api.llama_server import infill
 from dashboard.api.llama_server import views as llama_server
 from dashboard.api.ollama import schemas as ollama
 from dashboard.api.openai import schemas as openai
@@ -35,6 +36,7 @@ BODIES = {
     "CountTokensRequest": anthropic.CountTokensRequest,
     "TokenizeRequest": llama_server.TokenizeRequest,
     "DetokenizeRequest": llama_server.DetokenizeRequest,
+    "InfillRequest": infill.InfillRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -69,6 +71,13 @@ RESPONSES = {
                "properties": {"tokens": {"type": "array"}}},
     "Detokenized": {"type": "object", "required": ["model", "content"],
                     "properties": {"content": {"type": "string"}}},
+    # No field is required: response_fields may leave any out.
+    "Infilled": {"type": "object",
+                 "properties": {"content": {"type": "string"}, "stop_type": {
+                     "enum": ["eos", "limit", "word"]},
+                     "tokens_evaluated": {"type": "integer", "minimum": 0},
+                     "tokens_predicted": {"type": "integer", "minimum": 0},
+                     "timings": _OBJECT}},
     "AppliedTemplate": {"type": "object", "required": ["model", "prompt"],
                         "properties": {"prompt": {"type": "string"}}},
     "ModelList": {"type": "object", "required": ["object", "data"],
@@ -285,6 +294,11 @@ def build() -> dict:
             "A chat completions body's messages rendered through the model's template "
             "(llama-server's)", o, _json("AppliedTemplate"), body="ChatCompletionRequest",
             errors=(400, 401, 404, 413, 429), tag="Tokenizer")},
+        "/infill": {"post": _operation(
+            "Code to fill in between a prefix and a suffix, with other files' chunks as "
+            "context (llama-server's, for editors)", o,
+            {**_json("Infilled"), "text/event-stream": {"schema": {"type": "string"}}},
+            body="InfillRequest", errors=_GENERATION_ERRORS, tag="Completions")},
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},

@@ -6,7 +6,9 @@ Writer says how it writes chunks, its final object and errors.
 Starting an answer (`start`), the same for every dialect:
 1. the model the body names (`resolve_model`; 404 for a name the catalog does not know);
 2. the prompt: the conversation through the model's template with its tools and thinking switch,
-   or a prompt sent as is (dashboard.api.templating; a 400 names the body's field); its images,
+   or a prompt sent as is (dashboard.api.templating; a 400 names the body's field), or code to
+   fill in the middle of, as token ids (dashboard.api.fim; a 400 for a model without FIM
+   tokens); its images,
    parts of the messages' content where they were sent (dashboard.api.images), become the
    prompt's media markers and the request's media (inference.text.prompting), after a 400 for
    more than MAX_IMAGES or for a model that takes none (LLMModel.takes_images);
@@ -37,6 +39,7 @@ from appliance.arrival import arrived_wall
 from dashboard.api.answer_parser import AnswerParser, Piece
 from dashboard.api.auth import app_id, caller_fields, granted_keep_alive
 from dashboard.api.errors import ApiError, from_event, from_refusal
+from dashboard.api.fim import check_insert, infill_prompt
 from dashboard.api.logprobs import TokenEntry
 from dashboard.api.run import Run
 from dashboard.api.streaming import stream_response
@@ -49,6 +52,7 @@ from inference.engine.generation import MAX_IMAGES, Priority
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError, TokenResult
+from inference.text.infill import InfillText
 from inference.text.prompting import Content, Prompt, images_of
 from inference.text.thinking import Think
 
@@ -62,6 +66,8 @@ class Ask:
     # Images in the order sent (inference.text.prompting.Content).
     messages: list[dict] | None = None
     prompt: Content | None = None  # or a prompt sent as is (completions, Ollama's raw)
+    # Or code to fill in the middle of (/infill, a `suffix`): its FIM prompt (dashboard.api.fim).
+    infill: InfillText | None = None
     images_param: str = "messages"  # the body's field that carries its images, named in a 400
     tools: list[dict] | None = None  # the offered tools, OpenAI's shape
     parallel_tool_calls: bool = True
@@ -166,6 +172,9 @@ async def render(model: LLMModel, ask: Ask) -> ChatPrompt:
     """Step 2: the prompt of what the body asks (also what count_tokens and /apply-template
     show)."""
     check_images(model, ask)
+    if ask.infill is not None:
+        check_insert(model, ask.model)
+        return ChatPrompt(await infill_prompt(model, ask.infill, tokenize_text), None)
     if ask.prompt is not None:
         return raw_prompt(model, ask.prompt, ask.think)
     return await chat_prompt(model, ask.messages or [], ask.tools, think=ask.think,

@@ -7,13 +7,14 @@ from dashboard.api import metrics, openapi
 from dashboard.api.anthropic import views as anthropic
 from dashboard.api.errors import unknown_endpoint
 from dashboard.api.llama_server import views as llama_server
+from dashboard.api.llama_server.infill import infill
 from dashboard.api.ollama import create, embed, pull
 from dashboard.api.ollama import views as ollama
 from dashboard.api.openai import views as openai
 from dashboard.api.responses import views as responses
 
 # The API's paths outside /v1/ and /api/ (the gate holds them to their views' declarations too).
-ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template")
+ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template", "/infill")
 
 urlpatterns = [
     # OpenAI
@@ -45,6 +46,7 @@ urlpatterns = [
     path("tokenize", llama_server.tokenize, name="tokenize"),
     path("detokenize", llama_server.detokenize, name="detokenize"),
     path("apply-template", llama_server.apply_template, name="apply_template"),
+    path("infill", infill, name="infill"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

@@ -130,6 +130,8 @@ def metadata_summary(info: GGUFInfo) -> dict[str, Any]:
         "gguf_version": info.version,
         "tensor_count": info.tensor_count,
         "name": info.name or "",
+        # The fill-in-the-middle tokens llama.cpp finds (LLMModel.fim_vocab, capability insert).
+        "fim": {role: {"id": token.id, "text": token.text} for role, token in info.fim.items()},
         "keys": keys,
     }
 

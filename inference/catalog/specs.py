@@ -115,7 +115,8 @@ def request_for(
     if fields.get("arrived_wall") is None:
         fields.pop("arrived_wall", None)
     # A derived model runs on its base's engine (spec_for), with its own sampling and prompt.
-    return GenerationRequest(prompt.text, sampling_for(model, asked, base),
+    sent = prompt.text if prompt.tokens is None else prompt.tokens
+    return GenerationRequest(sent, sampling_for(model, asked, base),
                              model=model.weights.name, add_special=prompt.add_special,
                              media=prompt.media, **fields)  # fmt: skip
 

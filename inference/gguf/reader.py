@@ -20,8 +20,11 @@ from __future__ import annotations
 import os
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
+
+from inference.gguf import fim_tokens
+from inference.gguf.fim_tokens import FimToken
 
 
 class GGUFError(ValueError):
@@ -197,6 +200,13 @@ class GGUFInfo:
     file_size: int
     bos_token: str | None = None  # the text of the BOS/EOS tokens, for chat templates
     eos_token: str | None = None
+    # The fill-in-the-middle tokens by role ("pre", "suf", "mid", "pad", "rep", "sep"), as
+    # llama.cpp finds them (inference.gguf.fim_tokens); empty for a model without any.
+    fim: dict[str, FimToken] = field(default_factory=dict)
+
+    @property
+    def fills_in_middle(self) -> bool:
+        return fim_tokens.fills_in_middle(self.fim)
 
     # 1. Identity.
 
@@ -395,6 +405,7 @@ def _parse(f: BinaryIO, file_size: int, path: str) -> GGUFInfo:
     data_offset = _align(cur.pos, alignment)
     _check_tensor_data(tensors, data_offset, file_size)
     bos, eos = _special_token_texts(cur, metadata, tokens_at)
+    fim = _fim_tokens(cur, metadata, tokens_at)
     return GGUFInfo(
         path=path,
         version=version,
@@ -406,6 +417,7 @@ def _parse(f: BinaryIO, file_size: int, path: str) -> GGUFInfo:
         file_size=file_size,
         bos_token=bos,
         eos_token=eos,
+        fim=fim,
     )
 
 
@@ -675,3 +687,63 @@ def _token_texts(cur: _Cursor, start: int, wanted: set[int]) -> dict[int, str]:
         texts[i] = _read_string(cur, "token", MAX_STRING_BYTES)
         done = i + 1
     return texts
+
+
+def _fim_tokens(
+    cur: _Cursor, metadata: dict[str, Any], tokens_at: tuple[int, int] | None
+) -> dict[str, FimToken]:
+    """The FIM tokens: the header's ids, else the tokens llama.cpp recognises by their text
+    (one walk over the already validated vocabulary, reading only strings of a wanted length)."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if tokens_at is None or not isinstance(tokens, ArraySummary | list):
+        return {}
+    if isinstance(tokens, ArraySummary) and tokens.element_type != "string":
+        return {}
+    if isinstance(tokens, list) and not all(isinstance(t, str) for t in tokens):
+        return {}
+    ids = fim_tokens.header_ids(metadata, tokens_at[1])
+    wanted = fim_tokens.all_texts() if len(ids) < len(fim_tokens.ROLES) else frozenset()
+    if isinstance(tokens, list):
+        found = {}
+        for i, text in enumerate(tokens):
+            if text in wanted:
+                found.setdefault(text, i)
+        texts = dict(enumerate(tokens))
+    else:
+        found = _find_token_texts(cur, tokens_at[0], tokens_at[1], wanted)
+        texts = {}
+    for role, i in fim_tokens.by_text(found).items():
+        ids.setdefault(role, i)
+    if not isinstance(tokens, list):
+        texts = _token_texts(cur, tokens_at[0], set(ids.values()))
+    return {role: FimToken(i, texts[i]) for role, i in ids.items()}
+
+
+def _find_token_texts(
+    cur: _Cursor, start: int, count: int, wanted: frozenset[str]
+) -> dict[str, int]:
+    """Each of the `wanted` texts found among the `count` strings at `start`, with its lowest id.
+    A vocabulary is 100k+ strings: they are walked in a window of the file, and only a string
+    whose byte length some wanted text has is decoded."""
+    if not wanted:
+        return {}
+    encoded = {text.encode("utf-8"): text for text in wanted}
+    lengths = {len(raw) for raw in encoded}
+    found: dict[str, int] = {}
+    at = start
+    window, base = b"", start
+    for i in range(count):
+        rel = at - base
+        if rel + 8 > len(window):
+            cur.seek(at)
+            window, base, rel = cur.peek(_WINDOW_BYTES), at, 0
+        (n,) = _U64.unpack_from(window, rel)
+        if n in lengths:
+            if rel + 8 + n > len(window):
+                cur.seek(at)
+                window, base, rel = cur.peek(_WINDOW_BYTES), at, 0
+            text = encoded.get(bytes(window[rel + 8 : rel + 8 + n]))
+            if text is not None and text not in found:
+                found[text] = i
+        at += 8 + n
+    return found

@@ -121,6 +121,9 @@ class Prompt:
     thinking: bool = False  # the answer may open with a <think> block: split it off
     opens_thinking: bool = False  # the prompt ends inside that block: the answer starts in it
     media: tuple[Image, ...] = ()  # its images, in the order of the MEDIA_MARKERs in the text
+    # Or its token ids, laid out already (a fill-in-the-middle prompt, inference.text.infill):
+    # sent as they are, `text` and `add_special` unused.
+    tokens: tuple[int, ...] | None = None
 
     def splitter(self) -> ThinkingSplitter | None:
         return ThinkingSplitter(inside=self.opens_thinking) if self.thinking else None

@@ -42,6 +42,7 @@ from dashboard.api.pipeline import Ask
 from inference.catalog.specs import parse_keep_alive
 from inference.engine.generation import MAX_IMAGES
 from inference.engine.params import MAX_TOKENS_LIMIT, SEED_LIMIT
+from inference.text.infill import InfillText
 from inference.text.structured import check_schema
 from inference.text.thinking import LEVELS, Level
 
@@ -223,9 +224,9 @@ class OllamaGenerateRequest(OllamaGenerationBase):
     prompt: PromptText = ""
     system: Content | None = None
     raw: bool = False
-    suffix: Annotated[
-        str | None, refuse_if(bool, "suffix (fill-in-the-middle) is not supported")
-    ] = None
+    # The code after the cursor: with it, the prompt is the code before, and the answer fills
+    # the middle (dashboard.api.fim), raw or not, as Continue asks it.
+    suffix: PromptText | None = None
     template: Annotated[
         str | None, refuse_if(bool, "template overrides are not supported: the model's own "
                               "chat template is used (or raw: true)")
@@ -244,20 +245,27 @@ class OllamaGenerateRequest(OllamaGenerationBase):
         raw, where its [img-N] tags say (dashboard.api.images: a 400 for a tag naming no
         image, or an image no tag names)."""
         images = self.images or []
+        if images and self.suffix:
+            raise ValueError("images cannot go with a suffix (fill-in-the-middle)")
         place = ollama_raw_parts if self.raw else ollama_parts
         self._content = place(self.prompt, images)
         return self
 
     @property
     def loads_only(self) -> bool:
-        """An empty prompt only loads (or, with keep_alive 0, unloads) the model."""
-        return not self.prompt
+        """An empty prompt (and no suffix) only loads (or, with keep_alive 0, unloads) the
+        model."""
+        return not self.prompt and not self.suffix
 
     def ask(self) -> Ask:
-        """The prompt as a user message (raw: sent as is), with its images."""
+        """The prompt as a user message (raw: sent as is), with its images; or, with a
+        suffix, the code around the middle to fill, as llama-server's /infill without
+        input_extra lays it out."""
         ask = super().ask()
         content = self._content
-        if self.raw:
+        if self.suffix:
+            ask.infill = InfillText(prefix=self.prompt, suffix=self.suffix)
+        elif self.raw:
             ask.prompt = content
         else:
             ask.messages = [{"role": "user", "content": content}]

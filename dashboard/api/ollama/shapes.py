@@ -44,8 +44,11 @@ def human_count(count: int | None) -> str:
 
 def capabilities(model: LLMModel) -> list[str]:
     """What the model can be asked, in Ollama's names: "vision" when it takes images (Open WebUI
-    enables image upload from it), "tools" and "thinking" where its template renders them."""
+    enables image upload from it), "insert" when its vocabulary has FIM tokens, "tools" and
+    "thinking" where its template renders them."""
     found = ["completion"]
+    if model.fills_in_middle:
+        found.append("insert")  # a suffix is accepted (Continue's autocomplete looks for it)
     if model.takes_images:
         found.append("vision")
     if template_renders_tools(model.effective_chat_template):
@@ -130,6 +133,19 @@ def _parameters(model: LLMModel) -> str:
     return "\n".join(lines)
 
 
+def template(model: LLMModel) -> str:
+    """The chat template; for a model that fills in the middle, inside the branch Ollama's code
+    models show for a suffix (Continue sends `suffix` only where the template holds `.Suffix`),
+    written with the model's FIM tokens. The appliance reads neither branch: a suffix is laid
+    out as llama-server's /infill (dashboard.api.fim)."""
+    chat = model.effective_chat_template
+    if not model.fills_in_middle:
+        return chat
+    pre, suf, mid = (model.fim_tokens[role]["text"] for role in ("pre", "suf", "mid"))
+    return ("{{- if .Suffix }}" + pre + "{{ .Prompt }}" + suf + "{{ .Suffix }}" + mid
+            + "{{- else }}" + chat + "{{- end }}")  # fmt: skip
+
+
 def show(model: LLMModel) -> dict:
     arch = model.architecture or "general"
     info = {
@@ -156,7 +172,7 @@ def show(model: LLMModel) -> dict:
         "license": model.license,
         "modelfile": "\n".join(modelfile) + "\n",
         "parameters": _parameters(model),
-        "template": model.effective_chat_template,
+        "template": template(model),
         "system": model.system_prompt,
         "messages": list(model.seed_messages or []),
         "details": details(model),

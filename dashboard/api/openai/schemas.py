@@ -50,6 +50,7 @@ from dashboard.api.pipeline import Ask
 from inference.engine.embedding import MAX_INPUTS, MAX_TOTAL_TOKENS
 from inference.engine.generation import Priority
 from inference.engine.params import MAX_TOP_LOGPROBS
+from inference.text.infill import InfillText
 from inference.text.thinking import Think
 
 # What a body may ask of tool calls: this engine can hold calls to the offered tools, not
@@ -239,9 +240,10 @@ class CompletionRequest(OpenAISampling):
         BeforeValidator(_one_prompt, json_schema_input_type=PromptText | list[PromptText]),
     ]
     echo: Annotated[bool, refuse_if(bool, "echo is not supported by this engine")] = False
-    suffix: Annotated[
-        str | None, refuse_if(bool, "suffix (fill-in-the-middle) is not supported")
-    ] = None
+    # The text after the insertion point: with it, `prompt` is the text before, and the answer
+    # fills the middle (dashboard.api.fim), laid out as llama-server's /infill without
+    # input_extra.
+    suffix: PromptText | None = None
     best_of: Annotated[int, Field(ge=1, le=1)] | None = None
     # The legacy form: the sampled token's log-probability and this many likeliest beside it.
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
@@ -250,6 +252,9 @@ class CompletionRequest(OpenAISampling):
         return {**super().sampling(), **rules.sampling(logprobs=self.logprobs)}
 
     def ask(self) -> Ask:
+        if self.suffix:
+            return Ask(model=self.model, infill=InfillText(prefix=self.prompt, suffix=self.suffix),
+                       sampling=self.sampling(), priority=self.priority)  # fmt: skip
         return Ask(model=self.model, prompt=self.prompt, sampling=self.sampling(),
                    priority=self.priority)  # fmt: skip
 
