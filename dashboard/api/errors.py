@@ -164,7 +164,9 @@ def wants_json(request: HttpRequest) -> bool:
 def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
     """The site's 404 (handler404): JSON in the OpenAI shape for what is asked by an API client
     (wants_json), the HTML page for a browser."""
-    if wants_json(request):
-        return ApiError(404, f"there is no endpoint {request.path}", code="not_found").response(
-            "openai")
-    return page_not_found(request, exception)
+    if not wants_json(request):
+        return page_not_found(request, exception)
+    # No route at all, or a page's view that found nothing to show (its own Http404).
+    message = (f"there is no endpoint {request.path}" if request.resolver_match is None
+               else f"not found: {request.path}")  # fmt: skip
+    return ApiError(404, message, code="not_found").response("openai")

@@ -36,7 +36,7 @@ BODIES = {
     "CountTokensRequest": anthropic.CountTokensRequest,
     "TokenizeRequest": llama_server.TokenizeRequest,
     "DetokenizeRequest": llama_server.DetokenizeRequest,
-    "LlamaCompletionRequest": llama_completion.CompletionBody,
+    "LlamaCompletionRequest": llama_completion.LlamaCompletionRequest,
 }
 
 _OBJECT = {"type": "object"}

@@ -152,7 +152,7 @@ def _off_unless(default: Any, name: str):
                      f"off value, {default})")  # fmt: skip
 
 
-class CompletionBody(Strict):
+class LlamaCompletionRequest(Strict):
     """llama-server's /completion body (a `model` field besides, for a box with many)."""
 
     model: ModelName = ""
@@ -265,7 +265,7 @@ async def prompt_tokens(model: LLMModel, prompt: list) -> tuple[int, ...]:
     return tuple(ids)
 
 
-async def rendered(model: LLMModel, body: CompletionBody) -> ChatPrompt:
+async def rendered(model: LLMModel, body: LlamaCompletionRequest) -> ChatPrompt:
     """The prompt as sent, no template: text tokenized by the runner, or token ids."""
     if isinstance(body.prompt, str):
         return ChatPrompt(Prompt(body.prompt, add_special=True), None)
@@ -275,7 +275,7 @@ async def rendered(model: LLMModel, body: CompletionBody) -> ChatPrompt:
 class CompletionWriter:
     content_type = "text/event-stream"
 
-    def __init__(self, answer: Answer, model: LLMModel, body: CompletionBody):
+    def __init__(self, answer: Answer, model: LLMModel, body: LlamaCompletionRequest):
         self.answer = answer
         self.model_name = answer.name
         self.prompt = body.prompt if isinstance(body.prompt, str) else ""
@@ -333,7 +333,7 @@ class CompletionWriter:
 
 @api_endpoint(dialect="openai", methods=("POST",))
 async def completion(request: HttpRequest):
-    body = parse_body(request, CompletionBody)
+    body = parse_body(request, LlamaCompletionRequest)
     ask = body.ask()
     model = await pipeline.resolve_model(ask.model)
     prompt = await rendered(model, body)
