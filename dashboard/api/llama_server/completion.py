@@ -52,6 +52,7 @@ from inference.engine.params import (
     MAX_TOKENS_LIMIT,
     SEED_LIMIT,
     TOKEN_ID_LIMIT,
+    SamplingParams,
 )
 from inference.engine.tokens import MAX_TOKENS
 from inference.models import LLMModel
@@ -266,16 +267,33 @@ async def prompt_tokens(model: LLMModel, prompt: list) -> tuple[int, ...]:
 
 
 async def rendered(model: LLMModel, body: LlamaCompletionRequest) -> ChatPrompt:
-    """The prompt as sent, no template: text tokenized by the runner, or token ids."""
+    """The prompt as sent, no template: text tokenized by the runner, or token ids (which the
+    request carries as they are: GenerationRequest's prompt is text or ids)."""
     if isinstance(body.prompt, str):
         return ChatPrompt(Prompt(body.prompt, add_special=True), None)
     return ChatPrompt(Prompt(await prompt_tokens(model, body.prompt), add_special=False), None)
 
 
+def settings_json(p: SamplingParams) -> dict:
+    """Sampling params as llama-server's generation_settings names them (/props shows the
+    defaults the same way)."""
+    return {"seed": p.seed if p.seed is not None else SEED_LIMIT, "temperature": p.temperature,
+            "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "typical_p": p.typical_p,
+            "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "top_n_sigma": -1.0,
+            "n_predict": p.max_tokens, "max_tokens": p.max_tokens, "stop": list(p.stop),
+            "ignore_eos": p.ignore_eos, "stream": False, "n_probs": 0,
+            "grammar": p.grammar or "",
+            "logit_bias": [[token, bias] for token, bias in p.logit_bias],
+            "samplers": [name for name in SAMPLER_ORDER if name not in
+                         ("dry", "top_n_sigma", "xtc")]}  # fmt: skip
+
+
 class CompletionWriter:
     content_type = "text/event-stream"
 
-    def __init__(self, answer: Answer, model: LLMModel, body: LlamaCompletionRequest):
+    def __init__(self, answer: Answer, body: LlamaCompletionRequest):
         self.answer = answer
         self.model_name = answer.name
         self.prompt = body.prompt if isinstance(body.prompt, str) else ""
@@ -287,32 +305,20 @@ class CompletionWriter:
                 "tokens_predicted": run.output_tokens,
                 "tokens_evaluated": run.prompt_tokens or 0}  # fmt: skip
 
-    def generation_settings(self) -> dict:
-        p = self.params
-        return {"seed": p.seed if p.seed is not None else SEED_LIMIT, "temperature": p.temperature,
-                "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "typical_p": p.typical_p,
-                "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
-                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-                "n_predict": p.max_tokens, "max_tokens": p.max_tokens, "stop": list(p.stop),
-                "ignore_eos": p.ignore_eos, "stream": False, "n_probs": 0,
-                "grammar": p.grammar or "",
-                "logit_bias": [[token, bias] for token, bias in p.logit_bias],
-                "samplers": [name for name in SAMPLER_ORDER if name not in
-                             ("dry", "top_n_sigma", "xtc")]}  # fmt: skip
-
     def _final(self, end: Ending, content: str, streamed: bool) -> dict:
         figures = end.figures
         prompt_n = figures.get("prompt_tokens") or 0
         # llama-server counts the end-of-generation token it sampled as predicted; the engine
         # samples it too but does not output it (bench/completion.py compares the counts).
-        predicted = (figures.get("output_tokens") or 0) + (stop_type(end) == "eos")
+        output = figures.get("output_tokens") or 0
+        predicted = output + (stop_type(end) == "eos")
         return {"index": 0, "content": content, "tokens": [], "id_slot": 0, "stop": True,
                 "model": self.model_name, "tokens_predicted": predicted,
                 "tokens_evaluated": prompt_n,
-                "generation_settings": {**self.generation_settings(), "stream": streamed},
+                "generation_settings": {**settings_json(self.params), "stream": streamed},
                 "prompt": self.prompt, "has_new_line": "\n" in content, "truncated": False,
                 "stop_type": stop_type(end), "stopping_word": end.stop or "",
-                "tokens_cached": prompt_n + predicted,
+                "tokens_cached": prompt_n + output,  # what the sequence holds now
                 "timings": server_timings(figures)}  # fmt: skip
 
     def opening(self) -> list[bytes]:
@@ -338,8 +344,7 @@ async def completion(request: HttpRequest):
     model = await pipeline.resolve_model(ask.model)
     prompt = await rendered(model, body)
     [answer] = await pipeline.launch(request, model, ask, prompt, source="llama-server")
-    return await pipeline.respond(answer, CompletionWriter(answer, model, body),
-                                  streamed=body.stream)  # fmt: skip
+    return await pipeline.respond(answer, CompletionWriter(answer, body), streamed=body.stream)
 
 
 __all__ = ["completion"]

@@ -15,9 +15,8 @@ from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import pipeline
 from dashboard.api.auth import api_endpoint
-from dashboard.api.llama_server.completion import SAMPLER_ORDER
+from dashboard.api.llama_server.completion import settings_json
 from inference.catalog.specs import sampling_for
-from inference.engine.params import SEED_LIMIT
 from inference.models import LLMModel
 from inference.serving.client import get_client
 
@@ -47,15 +46,7 @@ def loaded_context(model: LLMModel) -> int | None:
 def default_settings(model: LLMModel) -> dict:
     """A request's sampling when it asks nothing: the model's saved defaults over the engine's,
     by llama-server's names."""
-    p = sampling_for(model, {})
-    return {"seed": p.seed if p.seed is not None else SEED_LIMIT, "temperature": p.temperature,
-            "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "typical_p": p.typical_p,
-            "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
-            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0, "top_n_sigma": -1.0,
-            "n_predict": p.max_tokens, "max_tokens": p.max_tokens, "stop": list(p.stop),
-            "ignore_eos": False, "stream": False, "n_probs": 0,
-            "samplers": [n for n in SAMPLER_ORDER if n not in ("dry", "top_n_sigma", "xtc")]}
+    return settings_json(sampling_for(model, {}))
 
 
 def props(model: LLMModel) -> dict:
