@@ -14,3 +14,6 @@ urlpatterns = [
     path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("", include("dashboard.urls")),
 ]
+
+# An unknown path's 404 is JSON for API clients and llama-server's paths, HTML for browsers.
+handler404 = "dashboard.api.errors.not_found"

@@ -30,7 +30,9 @@ from dashboard.api.auth import policy_of
 from dashboard.api.errors import ApiError
 from dashboard.api.images import Parts, image_from_url, text_chars
 from inference.engine.params import (
+    LOGIT_BIAS_LIMIT,
     MAX_GRAMMAR_CHARS,
+    MAX_LOGIT_BIAS,
     MAX_STOP_LENGTH,
     MAX_STOP_STRINGS,
     MAX_TOKENS_LIMIT,
@@ -108,6 +110,22 @@ TopK = Annotated[int, Field(ge=0, le=100_000)]
 RepeatPenalty = Annotated[float, Field(ge=0.0, le=5.0)]
 RepeatLastN = Annotated[int, Field(ge=-1, le=1 << 16)]
 PromptText = Annotated[str, Field(max_length=MAX_PROMPT_CHARS)]
+
+
+def _token_ids(value: dict[str, float]) -> dict[str, float]:
+    for key in value:
+        if not key.isdecimal() or int(key) >= 1 << 31:
+            raise ValueError(f"the keys are token ids (as strings of digits), got {key!r}")
+    return value
+
+
+# OpenAI's logit_bias: a token id (a JSON key, so a string) → a bias from -100 (a ban) to 100;
+# whether the id is in the model's vocabulary is the runner's check.
+LogitBias = Annotated[
+    dict[str, Annotated[float, Field(ge=-LOGIT_BIAS_LIMIT, le=LOGIT_BIAS_LIMIT)]],
+    Field(max_length=MAX_LOGIT_BIAS),
+    AfterValidator(_token_ids),
+]
 
 
 def _needs_logprobs(top: int | None, info: ValidationInfo) -> int | None:

@@ -12,6 +12,7 @@ from typing import Literal
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
+from django.views.defaults import page_not_found
 
 from inference.engine.refusals import RefusalKind, Refused
 
@@ -137,3 +138,35 @@ def unknown_endpoint(dialect: Dialect):
         return ApiError(404, f"there is no endpoint {request.path}").response(dialect)
 
     return view
+
+
+# llama-server's root-level API (tools/server/server.cpp), beside the routes the appliance
+# serves: a client of it asking for one that is not here gets a JSON 404, whatever it accepts.
+LLAMA_SERVER_ROOTS = frozenset((
+    "health", "slots", "lora-adapters", "completion", "completions", "infill", "embedding",
+    "embeddings", "rerank", "reranking", "props", "models", "tokenize", "detokenize",
+    "apply-template", "metrics", "v1", "v2", "api",
+))  # fmt: skip
+
+
+def wants_json(request: HttpRequest) -> bool:
+    """Whether a 404 for this request should be JSON rather than the HTML page: a path under
+    llama-server's root-level API (its first segment, or one that starts like /v1: /v1beta),
+    a JSON body, or a client that does not ask for HTML (an API client or curl, not a browser).
+    (llama-server's /chat/completions is left out: /chat/ is the chat page's.)"""
+    first = request.path.strip("/").split("/", 1)[0]
+    accept = request.headers.get("Accept", "")
+    browser = "text/html" in accept or "application/xhtml" in accept
+    return (first in LLAMA_SERVER_ROOTS or first.startswith(("v1", "v2")) or
+            "json" in request.content_type or not browser)  # fmt: skip
+
+
+def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """The site's 404 (handler404): JSON in the OpenAI shape for what is asked by an API client
+    (wants_json), the HTML page for a browser."""
+    if not wants_json(request):
+        return page_not_found(request, exception)
+    # No route at all, or a page's view that found nothing to show (its own Http404).
+    message = (f"there is no endpoint {request.path}" if request.resolver_match is None
+               else f"not found: {request.path}")  # fmt: skip
+    return ApiError(404, message, code="not_found").response("openai")

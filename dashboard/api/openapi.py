@@ -12,6 +12,7 @@ from pydantic.json_schema import models_json_schema
 
 from dashboard.api.anthropic import schemas as anthropic
 from dashboard.api.auth import api_endpoint
+from dashboard.api.llama_server import completion as llama_completion
 from dashboard.api.llama_server import infill
 from dashboard.api.llama_server import views as llama_server
 from dashboard.api.ollama import schemas as ollama
@@ -37,6 +38,7 @@ BODIES = {
     "TokenizeRequest": llama_server.TokenizeRequest,
     "DetokenizeRequest": llama_server.DetokenizeRequest,
     "InfillRequest": infill.InfillRequest,
+    "LlamaCompletionRequest": llama_completion.LlamaCompletionRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -80,6 +82,16 @@ RESPONSES = {
                      "timings": _OBJECT}},
     "AppliedTemplate": {"type": "object", "required": ["model", "prompt"],
                         "properties": {"prompt": {"type": "string"}}},
+    "LlamaCompletion": {"type": "object",
+                        "required": ["content", "stop", "tokens_predicted", "tokens_evaluated"],
+                        "properties": {"content": {"type": "string"}, "stop": {"type": "boolean"},
+                                       "stop_type": {"enum": ["eos", "word", "limit", "none"]},
+                                       "timings": _OBJECT}},
+    "Props": {"type": "object",
+              "required": ["default_generation_settings", "total_slots", "model_path",
+                           "modalities", "chat_template"],
+              "properties": {"modalities": {"type": "object", "properties": {
+                  "vision": {"type": "boolean"}}}}},
     "ModelList": {"type": "object", "required": ["object", "data"],
                   "properties": {"object": {"const": "list"},
                                  "data": {"type": "array", "items": {"$ref": MODEL_REF}}}},
@@ -299,6 +311,16 @@ def build() -> dict:
             "context (llama-server's, for editors)", o,
             {**_json("Infilled"), "text/event-stream": {"schema": {"type": "string"}}},
             body="InfillRequest", errors=_GENERATION_ERRORS, tag="Completions")},
+        "/completion": {"post": _operation(
+            "llama-server's completion of a prompt sent as is (text or token ids), streamed as "
+            "server-sent events with stream: true", o,
+            {**_json("LlamaCompletion"), "text/event-stream": {"schema": {"type": "string"}}},
+            body="LlamaCompletionRequest", errors=_GENERATION_ERRORS, tag="llama-server")},
+        "/props": {"get": {**_operation(
+            "llama-server's properties of a model (the default one, or ?model=)", o,
+            _json("Props"), errors=(401, 404, 429), tag="llama-server"),
+            "parameters": [{"name": "model", "in": "query", "required": False,
+                            "schema": {"type": "string"}}]}},
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},
@@ -317,8 +339,8 @@ def build() -> dict:
             "title": "Home-lab appliance LAN API",
             "version": "1",
             "description": "OpenAI-, Ollama- and Anthropic-compatible endpoints for home apps, "
-            "and llama-server's tokenizer endpoints. Every endpoint but this description "
-            "needs `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
+            "and llama-server's own (/completion, /props, its tokenizer). Every endpoint but "
+            "this description needs `Authorization: Bearer <key>` (or `x-api-key: <key>`).",
         },
         "servers": [{"url": "/"}],
         # x-api-key (the anthropic client's header) is accepted everywhere too; it is described

@@ -19,6 +19,9 @@ Starting an answer (`start`), the same for every dialect:
    keep-alive its key is granted; its clock started when it reached the application;
 5. the run (dashboard.api.run.Run): submitted, and its first event awaited, so that a refusal
    is an HTTP status before any byte of the answer.
+`start_choices` does the same for n answers to one prompt (OpenAI's n), each a request of its
+own that the engine batches beside the others; `launch` is steps 3 to 5 for a prompt rendered
+elsewhere (llama-server's /completion sends token ids with no template).
 
 Consuming it: `stream` (stream: true) or `whole` (stream: false) reads the run's events, feeds
 each token's text to the answer's parser (its thinking and content split, tool calls parsed),
@@ -28,6 +31,7 @@ answer's TTFT is stamped after the first chunk written once it has output (dashb
 however it ends, the run is closed (a client that left cancels its generation) and recorded.
 """
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -49,12 +53,17 @@ from inference.catalog.lookup import UnknownModel, resolve
 from inference.catalog.specs import context_asked, request_for, spec_for
 from inference.engine import GenerationRequest, Refused
 from inference.engine.generation import MAX_IMAGES, Priority
+from inference.engine.params import SEED_LIMIT
 from inference.models import LLMModel
 from inference.serving.client import get_client
 from inference.serving.tokens import TokenError, TokenResult
 from inference.text.infill import InfillText
 from inference.text.prompting import Content, Prompt, images_of
 from inference.text.thinking import Think
+
+# OpenAI's n: the most answers one request may ask for. Each is a sequence of its own in the
+# engine's batch, so this bounds what one request can take of the box's slots.
+MAX_CHOICES = 8
 
 
 @dataclass(slots=True, kw_only=True)
@@ -77,6 +86,7 @@ class Ask:
     priority: Priority = "interactive"  # what the body asks; its key may hold it lower
     keep_alive: float | None = None  # asked (Ollama's); a chat key's is clamped
     num_ctx: int | None = None  # the context per sequence asked (Ollama's options.num_ctx)
+    choices: int = 1  # answers to the same prompt (OpenAI's n), each its own sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,16 +205,47 @@ def api_request(model: LLMModel, prompt: Prompt, asked: dict, **fields) -> Gener
 async def start(request: HttpRequest, ask: Ask, *, source: str,
                 model: LLMModel | None = None) -> Answer:  # fmt: skip
     """Steps 1 to 5 (`model`: resolved already). `source`: the dialect, for the history."""
+    return (await start_choices(request, ask, source=source, model=model))[0]
+
+
+def _choice_sampling(sampling: dict, index: int) -> dict:
+    """The sampling of the index-th choice: a seed asked moves on by one per choice, so that
+    choices with a seed differ from each other and still repeat from one request to the next."""
+    if index == 0 or sampling.get("seed") is None:
+        return sampling
+    return {**sampling, "seed": (sampling["seed"] + index) % (SEED_LIMIT + 1)}
+
+
+async def start_choices(request: HttpRequest, ask: Ask, *, source: str,
+                        model: LLMModel | None = None) -> list[Answer]:  # fmt: skip
+    """Steps 1 to 5 for `ask.choices` answers to one prompt, each its own request (the engine
+    batches them); only the first keeps the conversation's cache key, as only one answer can
+    be the conversation's next turn. A refusal of any closes the others."""
     model = model or await resolve_model(ask.model)
     prompt = await render(model, ask)
+    return await launch(request, model, ask, prompt, source=source)
+
+
+async def launch(request: HttpRequest, model: LLMModel, ask: Ask, prompt: ChatPrompt, *,
+                 source: str) -> list[Answer]:  # fmt: skip
+    """Steps 3 to 5 for a rendered prompt (a llama-server prompt of token ids comes here
+    without a template)."""
     sampling = prompt.constrain(ask.sampling, parallel=ask.parallel_tool_calls)
     keep_alive = granted_keep_alive(request.api_key, model, ask.keep_alive)
-    asked = api_request(model, prompt.prompt, sampling, keep_alive=keep_alive,
-                        **caller_fields(request, asked=ask.priority))  # fmt: skip
-    run = Run(model, asked, source=source, client_name=request.api_key.name,
-              app=app_id(request), min_ctx=context_asked(model, ask.num_ctx))  # fmt: skip
-    await run.start()
-    return Answer(run, prompt.answer_parser(), ask.model or model.name)
+    caller = caller_fields(request, asked=ask.priority)
+    runs = []
+    for index in range(ask.choices):
+        fields = caller if index == 0 else {**caller, "cache_key": None}
+        asked = api_request(model, prompt.prompt, _choice_sampling(sampling, index),
+                            keep_alive=keep_alive, **fields)  # fmt: skip
+        runs.append(Run(model, asked, source=source, client_name=request.api_key.name,
+                        app=app_id(request), min_ctx=context_asked(model, ask.num_ctx)))
+    started = await asyncio.gather(*(run.start() for run in runs), return_exceptions=True)
+    failed = [result for result in started if isinstance(result, BaseException)]
+    if failed:
+        await asyncio.gather(*(run.close() for run in runs))
+        raise failed[0]
+    return [Answer(run, prompt.answer_parser(), ask.model or model.name) for run in runs]
 
 
 # --- consuming it -----------------------------------------------------------------------------

@@ -132,3 +132,8 @@ def logprobs_asked(on: bool | None, top: int | None) -> int | None:
     (0) unless more are asked; None when the switch is off."""
     return (top or 0) if on else None
 
+
+
+def logit_bias_pairs(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...] | None:
+    """A body's logit_bias (token id as text → bias) as the engine's (token id, bias) pairs."""
+    return tuple((int(token), value) for token, value in bias.items()) if bias else None

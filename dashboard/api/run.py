@@ -49,6 +49,10 @@ class Run:
         self._first: dict | None = None
         self.final: dict | None = None  # the done or error event
         self.output_tokens = 0
+        # The prompt's tokens and, of those, the ones reused from the prefix cache, as the
+        # engine says when it admits the request (its first prefill progress), before any token.
+        self.prompt_tokens: int | None = None
+        self.cached_tokens = 0
         # Its tokens' log-probabilities, for the views to send with the text, when it asked.
         self.logprobs = LogprobTrail() if request.params.logprobs is not None else None
         self._closed = False
@@ -105,7 +109,9 @@ class Run:
             await self.close()
 
     def _see(self, event: dict) -> None:
-        if event["type"] == "token":
+        if event["type"] == "progress" and event.get("phase") == "prefilling":
+            self.prompt_tokens, self.cached_tokens = event["total"], event["cached"]
+        elif event["type"] == "token":
             self.output_tokens += 1
             if self.logprobs is not None:
                 self.logprobs.feed(event)

@@ -1,11 +1,13 @@
 """The LAN API: OpenAI's, the Responses API's, Anthropic's and Ollama's endpoints,
-llama-server's tokenizer endpoints, /metrics and the OpenAPI description."""
+llama-server's own (/completion, /props and its tokenizer endpoints), /metrics and the OpenAPI
+description."""
 
 from django.urls import path, re_path
 
 from dashboard.api import metrics, openapi
 from dashboard.api.anthropic import views as anthropic
 from dashboard.api.errors import unknown_endpoint
+from dashboard.api.llama_server import completion, props
 from dashboard.api.llama_server import views as llama_server
 from dashboard.api.llama_server.infill import infill
 from dashboard.api.ollama import create, embed, pull
@@ -14,7 +16,8 @@ from dashboard.api.openai import views as openai
 from dashboard.api.responses import views as responses
 
 # The API's paths outside /v1/ and /api/ (the gate holds them to their views' declarations too).
-ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template", "/infill")
+ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template", "/infill",
+              "/completion", "/props")  # fmt: skip
 
 urlpatterns = [
     # OpenAI
@@ -47,6 +50,9 @@ urlpatterns = [
     path("detokenize", llama_server.detokenize, name="detokenize"),
     path("apply-template", llama_server.apply_template, name="apply_template"),
     path("infill", infill, name="infill"),
+    # llama-server's completion and properties
+    path("completion", completion.completion, name="llama_completion"),
+    path("props", props.get_props, name="llama_props"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

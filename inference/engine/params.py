@@ -32,12 +32,16 @@ MAX_GRAMMAR_CHARS = 64 * 1024  # GBNF text; llama.cpp parses it for every reques
 MAX_GRAMMAR_NESTING = 1100
 MAX_GRAMMAR_TRIGGERS = 8
 MAX_TRIGGER_LENGTH = 256
+MAX_LOGIT_BIAS = 300  # OpenAI's bound on logit_bias entries
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range, -100 (a ban) to 100 (a certainty)
+TOKEN_ID_LIMIT = 1 << 31  # llama_token is int32; the vocabulary's own size is the runner's check
 
 # (low, high) inclusive for every numeric field.
 _FLOAT_BOUNDS: dict[str, tuple[float, float]] = {
     "temperature": (0.0, 5.0),
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
+    "typical_p": (0.0, 1.0),
     "repeat_penalty": (0.0, 5.0),
     "presence_penalty": (-2.0, 2.0),
     "frequency_penalty": (-2.0, 2.0),
@@ -115,6 +119,7 @@ class SamplingParams:
     top_k: int = 40  # 0 disables
     top_p: float = 0.95  # 1.0 disables
     min_p: float = 0.05  # 0.0 disables
+    typical_p: float = 1.0  # locally typical sampling; 1.0 disables
     repeat_penalty: float = 1.0  # 1.0 disables
     repeat_last_n: int = 64  # -1: the whole context
     presence_penalty: float = 0.0
@@ -134,6 +139,12 @@ class SamplingParams:
     # llama.cpp. A lazy grammar with no such trigger is not applied.
     grammar: str | None = None
     grammar_triggers: tuple[str, ...] = field(default_factory=tuple)
+    # Added to a token's logit before any other sampler (llama.cpp's logit-bias sampler), as
+    # (token id, bias) pairs: OpenAI's logit_bias, -100 bans a token, +100 all but forces it.
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    # The end-of-generation tokens are never sampled (llama-server's ignore_eos: the answer
+    # runs to max_tokens or a stop string).
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         for name, (lo, hi) in _FLOAT_BOUNDS.items():
@@ -163,7 +174,33 @@ class SamplingParams:
                     "stop", f"each stop string must be 1 to {MAX_STOP_LENGTH} characters"
                 )
         object.__setattr__(self, "stop", tuple(stop))
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidParams("ignore_eos", "must be true or false")
         self._check_grammar()
+        self._check_logit_bias()
+
+    def _check_logit_bias(self) -> None:
+        pairs = self.logit_bias
+        if not isinstance(pairs, tuple | list):
+            raise InvalidParams("logit_bias", "must be (token id, bias) pairs")
+        if len(pairs) > MAX_LOGIT_BIAS:
+            raise InvalidParams("logit_bias", f"at most {MAX_LOGIT_BIAS} tokens, got {len(pairs)}")
+        checked = []
+        for pair in pairs:
+            if not isinstance(pair, tuple | list) or len(pair) != 2:
+                raise InvalidParams("logit_bias", "must be (token id, bias) pairs")
+            token, bias = pair
+            if isinstance(token, bool) or not isinstance(token, int):
+                raise InvalidParams("logit_bias", f"a token id must be an integer, got {token!r}")
+            if not 0 <= token < TOKEN_ID_LIMIT:
+                raise InvalidParams("logit_bias", f"token id {token} is out of range")
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise InvalidParams("logit_bias", f"a bias must be a number, got {bias!r}")
+            if not math.isfinite(bias) or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise InvalidParams("logit_bias", f"a bias must be between -{LOGIT_BIAS_LIMIT:g} "
+                                    f"and {LOGIT_BIAS_LIMIT:g}, got {bias}")  # fmt: skip
+            checked.append((token, float(bias)))
+        object.__setattr__(self, "logit_bias", tuple(checked))
 
     def _check_grammar(self) -> None:
         grammar, triggers = self.grammar, self.grammar_triggers

@@ -8,6 +8,7 @@ no policy: what runs is the scheduler's business.
 
 import ctypes
 import logging
+import math
 import os
 import re
 import secrets
@@ -128,6 +129,7 @@ class LlamaRunner:
         self.ctx_per_seq = min(config.ctx_per_seq, self.n_ctx)
         self.n_batch = config.n_batch
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self._eog_tokens: list[int] | None = None  # found when a request first ignores them
         self.n_swa = int(ll.llama_model_n_swa(self.model))  # 0: no sliding-window layers
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self._samplers: dict[str, ll.llama_sampler_p] = {}
@@ -338,6 +340,10 @@ class LlamaRunner:
         sampler = self._grammar_sampler(params) if params.grammar is not None else None
         if sampler is not None:
             ll.llama_sampler_free(sampler)
+        beyond = [token for token, _ in params.logit_bias if token >= self.n_vocab]
+        if beyond:
+            raise InvalidParams("logit_bias", f"token id {beyond[0]} is not in this model's "
+                                f"vocabulary of {self.n_vocab} tokens")  # fmt: skip
 
     def prepare(self, request: Request) -> None:
         self._samplers[request.id] = self._sampler_chain(request.params, request.prompt_ids)
@@ -376,6 +382,16 @@ class LlamaRunner:
                                 + _grammar_complaint(p.grammar, complaints))  # fmt: skip
         return sampler
 
+    def _biases(self, p: SamplingParams) -> list[tuple[int, float]]:
+        """The request's logit biases, and with ignore_eos every end-of-generation token's -inf
+        (llama-server's way: the vocabulary's EOG tokens, found once)."""
+        biases = list(p.logit_bias)
+        if p.ignore_eos:
+            if self._eog_tokens is None:
+                self._eog_tokens = [t for t in range(self.n_vocab) if self.is_eog(t)]
+            biases += [(token, -math.inf) for token in self._eog_tokens]
+        return biases
+
     def _sampler_chain(self, p: SamplingParams, prompt_ids: list[int]):
         # The grammar first: it masks what it forbids, and everything after it (penalties,
         # top-k, ..., the draw) only ever sees tokens the grammar allows.
@@ -384,6 +400,11 @@ class LlamaRunner:
         add = ll.llama_sampler_chain_add
         if grammar is not None:
             add(chain, grammar)
+        biases = self._biases(p)
+        if biases:  # before the rest, as llama.cpp's common sampler puts it
+            pairs = (ll.llama_logit_bias * len(biases))(*(ll.llama_logit_bias(token, bias)
+                                                           for token, bias in biases))  # fmt: skip
+            add(chain, ll.llama_sampler_init_logit_bias(self.n_vocab, len(biases), pairs))
         penalties = None
         if p.uses_penalties:
             # This llama.cpp takes n_vocab first, and reads a negative window as 0 (penalties
@@ -398,6 +419,8 @@ class LlamaRunner:
         else:
             if p.top_k > 0:
                 add(chain, ll.llama_sampler_init_top_k(p.top_k))
+            if p.typical_p < 1.0:
+                add(chain, ll.llama_sampler_init_typical(p.typical_p, 1))
             if p.top_p < 1.0:
                 add(chain, ll.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0.0:

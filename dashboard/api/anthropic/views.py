@@ -96,21 +96,36 @@ class MessagesWriter:
     content_type = "text/event-stream"
 
     def __init__(self, answer: Answer):
+        self.answer = answer
         self.shell = {"id": f"msg_{answer.id}", "type": "message", "role": "assistant",
                       "model": answer.name, "content": [], "stop_reason": None,
                       "stop_sequence": None}  # fmt: skip
         self.blocks = _Blocks()
+        self.started = False
 
     def opening(self) -> list[bytes]:
-        empty = {"input_tokens": 0, "output_tokens": 0}
-        return [sse_event({"type": "message_start", "message": {**self.shell, "usage": empty}}),
+        # message_start waits for the first output: its usage counts the prompt, as
+        # Anthropic's does, and the engine says the prompt's size when it admits the request.
+        return []
+
+    def start(self) -> list[bytes]:
+        """message_start and a ping, before the first block (once)."""
+        if self.started:
+            return []
+        self.started = True
+        run = self.answer.run
+        usage = anthropic_usage({"prompt_tokens": run.prompt_tokens,
+                                 "cached_tokens": run.cached_tokens})  # fmt: skip
+        return [sse_event({"type": "message_start", "message": {**self.shell, "usage": usage}}),
                 sse_event({"type": "ping"})]  # fmt: skip
 
     def piece(self, piece: Piece) -> list[bytes]:
         self.blocks.piece(piece)
-        return self.blocks.take()
+        chunks = self.blocks.take()
+        return [*self.start(), *chunks] if chunks else chunks
 
     def ending(self, end: Ending) -> list[bytes]:
+        opening = self.start()
         blocks = self.blocks
         blocks.piece(end.text)
         if blocks.count == 0 and blocks.open is None and not end.calls:
@@ -118,7 +133,7 @@ class MessagesWriter:
         blocks.stop()
         for call in end.calls:
             blocks.call(call)
-        return [*blocks.take(), sse_event({
+        return [*opening, *blocks.take(), sse_event({
             "type": "message_delta",
             "delta": {"stop_reason": stop_reason(end.done, end.calls), "stop_sequence": end.stop},
             "usage": anthropic_usage(end.figures), "timings": timings(end.figures),

@@ -22,6 +22,7 @@ from dashboard.api.bodies import (
     Content,
     GrammarText,
     JsonSchema,
+    LogitBias,
     MaxTokens,
     ModelName,
     Penalty,
@@ -46,7 +47,7 @@ from dashboard.api.embedding import (
     TokenArray,
     TokenArrays,
 )
-from dashboard.api.pipeline import Ask
+from dashboard.api.pipeline import MAX_CHOICES, Ask
 from inference.engine.embedding import MAX_INPUTS, MAX_TOTAL_TOKENS
 from inference.engine.generation import Priority
 from inference.engine.params import MAX_TOP_LOGPROBS
@@ -113,7 +114,8 @@ class OpenAISampling(Strict):
     max_tokens: MaxTokens | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Unit | None = None
-    n: Annotated[int, Field(ge=1, le=1, description="only 1: one choice per request")] = 1
+    n: Annotated[int, Field(ge=1, le=MAX_CHOICES, description=f"choices to generate, each its "
+                            f"own sequence (at most {MAX_CHOICES})")] = 1  # fmt: skip
     seed: Seed | None = None
     stop: Stop = None
     presence_penalty: Penalty | None = None
@@ -125,9 +127,7 @@ class OpenAISampling(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: ShortText | None = None
-    logit_bias: Annotated[
-        dict[str, float] | None, refuse_if(bool, "logit_bias is not supported by this engine")
-    ] = None
+    logit_bias: LogitBias | None = None  # token id → -100 (a ban) to 100 (all but forced)
     grammar: GrammarText | None = None  # llama-server's: a GBNF grammar for the output
     service_tier: rules.ServiceTier | None = None  # "flex": background (dashboard.api.rules)
 
@@ -141,6 +141,7 @@ class OpenAISampling(Strict):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
             max_tokens=self.max_tokens, stop=self.stop, grammar=self.grammar,
+            logit_bias=rules.logit_bias_pairs(self.logit_bias),
         )  # fmt: skip
 
     @property
@@ -221,7 +222,7 @@ class ChatCompletionRequest(OpenAISampling):
             model=self.model, messages=self.chat_messages(),
             tools=self.active_tools, parallel_tool_calls=self.parallel_tool_calls is not False,
             think=self.think, think_param="reasoning_effort", sampling=self.sampling(),
-            priority=self.priority,
+            priority=self.priority, choices=self.n,
         )  # fmt: skip
 
 
@@ -244,7 +245,9 @@ class CompletionRequest(OpenAISampling):
     # fills the middle (dashboard.api.fim), laid out as llama-server's /infill without
     # input_extra.
     suffix: PromptText | None = None
-    best_of: Annotated[int, Field(ge=1, le=1)] | None = None
+    best_of: Annotated[
+        int | None, refuse_if(lambda v: v != 1, "best_of is not supported: ask for n choices")
+    ] = None
     # The legacy form: the sampled token's log-probability and this many likeliest beside it.
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
 
@@ -256,7 +259,7 @@ class CompletionRequest(OpenAISampling):
             return Ask(model=self.model, infill=InfillText(prefix=self.prompt, suffix=self.suffix),
                        sampling=self.sampling(), priority=self.priority)  # fmt: skip
         return Ask(model=self.model, prompt=self.prompt, sampling=self.sampling(),
-                   priority=self.priority)  # fmt: skip
+                   priority=self.priority, choices=self.n)  # fmt: skip
 
 
 def _is_token(value: Any) -> bool:

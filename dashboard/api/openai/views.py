@@ -10,6 +10,7 @@ an HTTP error before the stream begins; an error after it has begun is an `error
 the openai client raises.
 """
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from dashboard.api.openai.schemas import (
     OpenAISampling,
 )
 from dashboard.api.pipeline import Answer, Ending
-from dashboard.api.streaming import SSE_DONE, sse
+from dashboard.api.streaming import SSE_DONE, merged, sse, stream_response
 from inference.models import LLMModel
 
 openai_endpoint = api_endpoint(dialect="openai", methods=("POST",))
@@ -86,27 +87,39 @@ class OpenAIWriter:
     object = chunk_object = ""  # of the whole answer, and of each chunk of a streamed one
     empty: dict = {}  # a choice's fields in the chunk that only says the finish reason
 
-    def __init__(self, answer: Answer, body: OpenAISampling):
+    def __init__(self, answer: Answer, body: OpenAISampling, *, index: int = 0,
+                 envelope: Envelope | None = None):  # fmt: skip
+        """`index`: the choice it writes; one of several (n > 1) shares the first's envelope,
+        and the stream's usage chunk and [DONE] come once all have ended (choices_stream)."""
         self.answer = answer
+        self.index = index
         kind = self.chunk_object if body.stream else self.object
-        self.envelope = Envelope(f"{self.prefix}-{answer.id}", kind, int(time.time()),
-                                 answer.name)  # fmt: skip
+        self.envelope = envelope or Envelope(f"{self.prefix}-{answer.id}", kind,
+                                             int(time.time()), answer.name)  # fmt: skip
+        self.alone = body.n == 1
         self.include_usage = body.include_usage
         self._extra = {"usage": None} if self.include_usage else {}
+        self.end: Ending | None = None  # once it has ended
 
     def choice(self, **fields) -> dict:
         raise NotImplementedError
 
     def chunk(self, reason: str | None = None, more: dict | None = None, **fields) -> bytes:
-        choice = {"index": 0, **self.choice(**fields), "finish_reason": reason}
+        choice = {"index": self.index, **self.choice(**fields), "finish_reason": reason}
         return sse(self.envelope.wrap([choice], **self._extra, **(more or {})))
 
     def closing(self, end: Ending, reason: str) -> list[bytes]:
+        self.end = end
         chunks = [self.chunk(reason, {"timings": timings(end.figures)}, **self.empty)]
-        if self.include_usage:
-            chunks.append(sse(self.envelope.wrap([], usage=openai_usage(end.figures),
-                                                 timings=timings(end.figures))))  # fmt: skip
-        return [*chunks, SSE_DONE]
+        return [*chunks, *self.after([end])] if self.alone else chunks
+
+    def after(self, ends: list[Ending]) -> list[bytes]:
+        """What follows the last choice's finish: the usage chunk when asked, and [DONE]."""
+        if not self.include_usage:
+            return [SSE_DONE]
+        usage = sse(self.envelope.wrap([], usage=choices_usage(ends),
+                                       timings=timings(ends[0].figures)))  # fmt: skip
+        return [usage, SSE_DONE]
 
     def failure(self, error: ApiError) -> list[bytes]:
         return [sse(error.body("openai"))]
@@ -114,6 +127,50 @@ class OpenAIWriter:
     def response(self, choice: dict, end: Ending) -> dict:
         return self.envelope.wrap([choice], usage=openai_usage(end.figures),
                                   timings=timings(end.figures))  # fmt: skip
+
+
+def choices_usage(ends: list[Ending]) -> dict:
+    """The usage of n choices: the prompt once (as OpenAI counts it), the tokens of them all."""
+    usage = openai_usage(ends[0].figures)
+    completion = sum(openai_usage(end.figures)["completion_tokens"] for end in ends)
+    return {**usage, "completion_tokens": completion,
+            "total_tokens": usage["prompt_tokens"] + completion}  # fmt: skip
+
+
+async def respond(request: HttpRequest, body: OpenAISampling, writer_class: type[OpenAIWriter]):
+    """Chat's and completions' answer: one choice through the pipeline, or n side by side."""
+    answers = await pipeline.start_choices(request, body.ask(), source="openai")
+    first = writer_class(answers[0], body)
+    if len(answers) == 1:
+        return await pipeline.respond(answers[0], first, streamed=body.stream)
+    writers = [first] + [writer_class(answer, body, index=index, envelope=first.envelope)
+                         for index, answer in enumerate(answers[1:], start=1)]  # fmt: skip
+    if body.stream:
+        return stream_response(choices_stream(answers, writers), first.content_type)
+    # Each whole() reads its answer to the end and closes its run, whatever happens to the
+    # others; the first error is the response's.
+    objects = await asyncio.gather(*(pipeline.whole(answer, writer)
+                                     for answer, writer in zip(answers, writers, strict=True)),
+                                   return_exceptions=True)  # fmt: skip
+    for result in objects:
+        if isinstance(result, BaseException):
+            raise result
+    ends = [writer.end for writer in writers]
+    return JsonResponse(first.envelope.wrap(
+        [choice for obj in objects for choice in obj["choices"]],
+        usage=choices_usage(ends), timings=timings(ends[0].figures)))  # fmt: skip
+
+
+async def choices_stream(answers: list[Answer], writers: list[OpenAIWriter]):
+    """n choices' chunks as they come, then the usage chunk (when asked) and [DONE] once. A
+    chunk's TTFT stamp is taken when it is handed to the merge, not the socket (a hair early)."""
+    streams = [pipeline.stream(a, w) for a, w in zip(answers, writers, strict=True)]
+    async for chunk in merged(streams):
+        yield chunk
+    ends = [writer.end for writer in writers]
+    if all(end is not None for end in ends):  # else one failed: its error event is out
+        for chunk in writers[0].after(ends):
+            yield chunk
 
 
 # --- chat --------------------------------------------------------------------------------
@@ -159,7 +216,8 @@ class ChatWriter(OpenAIWriter):
         if end.text.thinking:
             message["reasoning_content"] = end.text.thinking  # llama-server's, DeepSeek's name
         reason = "tool_calls" if end.calls else finish_reason(end.finish_reason)
-        choice = {"index": 0, "message": message,
+        self.end = end
+        choice = {"index": self.index, "message": message,
                   "logprobs": openai_choice(self.answer.take_logprobs()),
                   "finish_reason": reason}  # fmt: skip
         return self.response(choice, end)
@@ -167,9 +225,7 @@ class ChatWriter(OpenAIWriter):
 
 @api_endpoint(dialect="openai", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
 async def chat_completions(request: HttpRequest):
-    body = parse_body(request, ChatCompletionRequest)
-    answer = await pipeline.start(request, body.ask(), source="openai")
-    return await pipeline.respond(answer, ChatWriter(answer, body), streamed=body.stream)
+    return await respond(request, parse_body(request, ChatCompletionRequest), ChatWriter)
 
 
 # --- completions -------------------------------------------------------------------------
@@ -179,8 +235,8 @@ class CompletionWriter(OpenAIWriter):
     prefix, object, chunk_object = "cmpl", "text_completion", "text_completion"
     empty = {"text": ""}
 
-    def __init__(self, answer: Answer, body: CompletionRequest):
-        super().__init__(answer, body)
+    def __init__(self, answer: Answer, body: CompletionRequest, **choice):
+        super().__init__(answer, body, **choice)
         self.offsets = CompletionOffsets()  # text_offset counts on over the stream
 
     def choice(self, text: str) -> dict:
@@ -196,16 +252,15 @@ class CompletionWriter(OpenAIWriter):
         return self.closing(end, finish_reason(end.finish_reason))
 
     def final(self, end: Ending) -> dict:
-        choice = {"index": 0, **self.choice(end.text.content),
+        self.end = end
+        choice = {"index": self.index, **self.choice(end.text.content),
                   "finish_reason": finish_reason(end.finish_reason)}  # fmt: skip
         return self.response(choice, end)
 
 
 @openai_endpoint
 async def completions(request: HttpRequest):
-    body = parse_body(request, CompletionRequest)
-    answer = await pipeline.start(request, body.ask(), source="openai")
-    return await pipeline.respond(answer, CompletionWriter(answer, body), streamed=body.stream)
+    return await respond(request, parse_body(request, CompletionRequest), CompletionWriter)
 
 
 # --- embeddings --------------------------------------------------------------------------

@@ -42,6 +42,8 @@ def keep_answers_short(body) -> None:
         if not isinstance(options, dict):
             options = body["options"] = {}
         options["num_predict"] = SHORT
+        if "n_predict" in body or "messages" not in body:  # llama-server's /completion
+            body["n_predict"] = SHORT
 
 
 @pytest.mark.model
