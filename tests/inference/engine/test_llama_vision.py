@@ -131,6 +131,18 @@ def test_the_engine_answers_as_llama_cpps_own_image_path(engine, runner, paths, 
     assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, media, len(ids))
 
 
+def test_a_camera_frame_larger_than_the_projector_takes_is_read_at_its_size(engine, runner,
+                                                                            paths):  # fmt: skip
+    # 1280 x 720 for a 112 px encoder: libmtmd scales it down, the same 64 tokens, and the
+    # answer is llama.cpp's own for the same frame.
+    prompt = chat("What does the camera show?")
+    frame = Image.from_bytes(picture(1280, 720, seed=111))
+    final, ids = answer(engine, prompt, [frame])
+    assert final.type == "done", getattr(final, "message", final)
+    assert final.figures["image_tokens"] == IMAGE_TOKENS
+    assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, [frame], len(ids))
+
+
 def test_the_same_image_twice_is_encoded_once(engine):
     prompt = chat("Are these the same picture?", images=2, before=True)
     final, _ = answer(engine, prompt, [image(107), image(107)])
