@@ -150,8 +150,8 @@ WHITENOISE_USE_FINDERS = True  # serve static/ as is: no collectstatic step on a
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 DATA_UPLOAD_MAX_MEMORY_SIZE = 8 * 1024 * 1024
 # The largest body of an endpoint that takes images (chat, responses, messages, Ollama's chat and
-# generate: dashboard.api.images): a few full-size camera snapshots in base64. Larger is a 413
-# from the gate, before the body is read.
+# generate, /apply-template: dashboard.api.images): a few full-size camera snapshots in base64.
+# Larger is a 413 from the gate, before the body is read.
 MAX_IMAGE_BODY_BYTES = envint("MAX_IMAGE_BODY_BYTES", 32 << 20, lo=DATA_UPLOAD_MAX_MEMORY_SIZE,
                               hi=1 << 30)  # fmt: skip
 # The largest GGUF POST /api/blobs takes (streamed to disk, never held in memory).

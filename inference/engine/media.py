@@ -33,6 +33,7 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"BM", "bmp"),
 )
 KINDS = ("jpeg", "png", "gif", "bmp")
+_LINE_BREAKS = str.maketrans("", "", "\r\n")
 MIME_TYPES = {f"image/{kind}": kind for kind in KINDS} | {"image/jpg": "jpeg"}
 
 
@@ -71,9 +72,11 @@ class Image:
 
     @classmethod
     def from_base64(cls, text: str, *, field: str = "images") -> "Image":
-        """An image from its base64 text (Ollama's `images`, a data: URL's payload)."""
+        """An image from its base64 text (Ollama's `images`, a data: URL's payload). Line
+        breaks inside it are skipped, as Go's decoder (Ollama's) skips them: a client that wraps
+        its base64 at 76 columns (MIME, Python's encodebytes) sends a picture all the same."""
         try:
-            data = base64.b64decode(text.strip(), validate=True)
+            data = base64.b64decode(text.strip().translate(_LINE_BREAKS), validate=True)
         except (binascii.Error, ValueError):
             raise Refused("an image is not valid base64", kind=RefusalKind.INVALID,
                           field=field) from None  # fmt: skip

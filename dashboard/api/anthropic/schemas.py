@@ -4,7 +4,8 @@ A conversation arrives as Anthropic writes it (a top-level `system`, content blo
 blocks in assistant turns and tool_result blocks in user turns) and leaves `chat_messages()`
 as the OpenAI-style messages the answer pipeline reads (`ask()`: dashboard.api.pipeline): a
 tool_use is a tool call, a tool_result a tool message, a thinking block the turn's
-reasoning_content, an image block (base64) an image among the turn's parts, where it was.
+reasoning_content, an image block (base64) an image among the turn's parts, where it was (in a
+tool_result too: among the tool message's parts).
 """
 
 import json
@@ -30,7 +31,7 @@ from dashboard.api.bodies import (
     check_prompt_chars,
     refuse_if,
 )
-from dashboard.api.images import Base64Image
+from dashboard.api.images import Base64Image, text_chars
 from dashboard.api.pipeline import Ask
 from inference.engine.media import Image
 
@@ -93,16 +94,19 @@ class ToolUseBlock(Strict):
 
 
 class ToolResultBlock(Strict):
+    """A tool's answer: text, or text and image blocks (a screenshot, a camera's snapshot), as
+    llama-server takes it: the tool message then holds the images among its parts."""
+
     type: Literal["tool_result"]
     tool_use_id: ShortText
-    content: Content | list[TextBlock] = ""
+    content: Content | list[Annotated[TextBlock | ImageBlock, Field(discriminator="type")]] = ""
     is_error: bool | None = None
 
     @property
-    def text(self) -> str:
+    def parts(self) -> Content | list:
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(block.text for block in self.content)
+        return _content([b.image if isinstance(b, ImageBlock) else b.text for b in self.content])
 
 
 class ThinkingBlock(Strict):
@@ -143,7 +147,7 @@ class AnthropicMessage(Strict):
             if isinstance(block, TextBlock):
                 total += len(block.text)
             elif isinstance(block, ToolResultBlock):
-                total += len(block.text)
+                total += text_chars(block.parts)
             elif isinstance(block, ThinkingBlock):
                 total += len(block.thinking)
             elif isinstance(block, ToolUseBlock):
@@ -266,7 +270,7 @@ class CountTokensRequest(Strict):
                     function = {"name": block.name, "arguments": block.input}
                     calls.append({"id": block.id, "type": "function", "function": function})
                 elif isinstance(block, ToolResultBlock):
-                    result = {"role": "tool", "content": block.text,
+                    result = {"role": "tool", "content": block.parts,
                               "tool_call_id": block.tool_use_id}  # fmt: skip
                     if block.tool_use_id in names:
                         result["name"] = names[block.tool_use_id]

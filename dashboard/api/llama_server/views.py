@@ -9,6 +9,7 @@ runner.
 
 from typing import Annotated
 
+from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from pydantic import Field
 
@@ -75,7 +76,9 @@ async def detokenize(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"model": model.name, "content": result.text})
 
 
-@post
+# A chat completions body, images and all (dashboard.api.images): the same cap as chat's, so the
+# body that is answered can be shown.
+@api_endpoint(dialect="openai", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
 async def apply_template(request: HttpRequest) -> JsonResponse:
     """A chat completions body's messages (and tools, reasoning_effort) rendered as the prompt
     /v1/chat/completions would send."""

@@ -177,6 +177,18 @@ async def test_apply_template_shows_where_the_images_go(vision, app, raw_key):
         vision, [{"role": "user", "content": f"What is this?{M}"}])
 
 
+async def test_apply_template_takes_the_bodies_chat_completions_takes(vision, app, raw_key):
+    # Over Django's 8 MiB, under the image routes' cap: answered by chat, so shown here too.
+    big = PNG + bytes(10 << 20)
+    body = {"model": vision.name, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(big)}}]}]}  # fmt: skip
+    async with transport(app) as client:
+        response = await client.post("http://testserver/apply-template", json=body,
+                                     headers={"Authorization": f"Bearer {raw_key}"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert M in response.json()["prompt"]
+
+
 async def test_the_images_of_a_conversation_are_its_media_in_marker_order(vision, recording, oai):
     def image(data):
         return {"type": "image_url", "image_url": {"url": data_url(data)}}
@@ -209,6 +221,34 @@ async def test_anthropic_base64_image_blocks_enter_where_they_are_sent(vision, r
     assert asked.prompt == await prompt_of(vision, [{"role": "user",
                                                      "content": f"{M}Describe it."}])
     assert asked.media == (Image.from_bytes(PNG),)
+
+
+async def test_an_anthropic_tool_result_may_hold_images_as_llama_server_takes_it(
+    vision, recording, claude
+):
+    # A tool that answers with a picture (a camera's snapshot): the tool message holds it.
+    tools = [{"name": "snapshot", "input_schema": {"type": "object"}}]
+    snapshot = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": b64(PNG)}}  # fmt: skip
+    await claude.messages.create(model=vision.name, max_tokens=2, tools=tools, messages=[
+        {"role": "user", "content": "Who is at the door?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                           "name": "snapshot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "Porch:"},
+                                                  snapshot]}]},
+    ])  # fmt: skip
+    asked = recording.last
+    assert asked.media == (Image.from_bytes(PNG),)
+    assert f"Porch:{M}" in asked.prompt
+    with pytest.raises(anthropic.BadRequestError, match='"text-only" does not take images'):
+        await claude.messages.create(model="text-only", max_tokens=2, tools=tools, messages=[
+            {"role": "user", "content": "Who?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                                               "name": "snapshot", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [snapshot]}]},
+        ])  # fmt: skip
 
 
 async def test_ollama_chat_images_go_before_the_text_as_ollama_puts_them(vision, recording, olla):
@@ -246,6 +286,19 @@ async def test_frigates_img_placeholders_take_the_images_in_order(vision, record
     expected = f"{M}Frame 1: {M}\nFrame 2: {M}\nDescribe the activity."
     assert asked.prompt == await prompt_of(vision, [{"role": "user", "content": expected}])
     assert asked.media == tuple(Image.from_bytes(f) for f in (frames[2], frames[0], frames[1]))
+
+
+async def test_ollama_images_wrapped_in_lines_are_read_as_ollama_reads_them(vision, recording, app,
+                                                                          raw_key):  # fmt: skip
+    # Go's base64 decoder skips line breaks, so Ollama takes a picture wrapped at 76 columns.
+    wrapped = base64.encodebytes(PNG).decode()
+    async with transport(app) as client:
+        response = await client.post("http://testserver/api/chat", json={
+            "model": vision.name, "stream": False,
+            "messages": [{"role": "user", "content": "Hi", "images": [wrapped]}]},
+            headers={"Authorization": f"Bearer {raw_key}"})  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert recording.last.media == (Image.from_bytes(PNG),)
 
 
 # --- bad input ---------------------------------------------------------------------------

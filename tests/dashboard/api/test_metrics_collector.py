@@ -1,10 +1,16 @@
 """The /metrics collector on a worker snapshot with GPUs (this box has none, so the live tests
 cannot see the GPU series): every reading becomes its series, labelled by worker and GPU."""
 
+from pathlib import Path
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from dashboard.api.metrics import render
+from inference.engine import Engine, GenerationRequest
+from inference.engine.media import MEDIA_MARKER, Image
 from inference.engine.telemetry import Telemetry, _Histogram
+from tests.inference.engine.fakes import FakeVisionRunner
+from tests.inference.projector_gguf import picture
 
 
 def older_engine(snapshot: dict) -> dict:
@@ -250,3 +256,38 @@ def test_an_engine_from_before_warm_memory_and_junk_give_no_series_and_no_error(
     model = (("model", "m"), ("worker", "box-1"))
     assert found[("appliance_spec_decode_num_drafts_total", model)] == 2
     assert ("appliance_spec_decode_num_draft_tokens_total", model) not in found
+
+
+def test_reading_images_is_counted_per_model():
+    # Two requests of the same picture on an engine with a (fake) projector: one encode, one
+    # hit in the encoder cache, and the image positions of both prompts.
+    engine = Engine(FakeVisionRunner(image_tokens=8), itl_target=0.1).start()
+    try:
+        frame = Image.from_bytes(picture(seed=7))
+        for question in ("what is it?", "and now?"):
+            request = GenerationRequest(MEDIA_MARKER + question, media=(frame,))
+            assert engine.submit(request).result(timeout=10).type == "done"
+        snapshot = engine.snapshot()
+    finally:
+        engine.shutdown()
+    found = parsed([{"worker": "box-1", "loaded": [{"name": "m"}], "models": {"m": snapshot},
+                     "system": {}}])  # fmt: skip
+    model = (("model", "m"), ("worker", "box-1"))
+    assert found[("appliance_images_encoded_total", model)] == 1
+    assert found[("appliance_images_cached_total", model)] == 1
+    assert found[("appliance_image_tokens_total", model)] == 16
+    assert found[("appliance_image_encode_seconds_total", model)] >= 0
+
+
+def test_every_family_exported_is_listed_in_the_docs():
+    telemetry = Telemetry()
+    telemetry.record_images(encoded=1, cached=0, seconds=0.1, tokens=64)
+    snapshot = snapshot_with_gpus()
+    snapshot["models"]["m"]["totals"] = telemetry.snapshot(1.0)["totals"]
+    text = render(lambda: [snapshot]).decode()
+    listed = (Path(__file__).parents[3] / "docs" / "metrics.md").read_text()
+    names = {family.name for family in text_string_to_metric_families(text)}
+    assert names
+    # A counter family is named without _total; the docs give the series' name.
+    missing = {n for n in names if f"`{n}`" not in listed and f"`{n}_total`" not in listed}
+    assert not missing, f"docs/metrics.md does not list {sorted(missing)}"

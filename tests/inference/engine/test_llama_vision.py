@@ -131,6 +131,36 @@ def test_the_engine_answers_as_llama_cpps_own_image_path(engine, runner, paths, 
     assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, media, len(ids))
 
 
+# A real baseline JPEG (as a camera writes one) and GIF of picture(40, 30, seed=21), written once
+# with Pillow (not a dependency: nothing here writes a JPEG), quality 75 and 32 colours.
+PICTURES = Path(__file__).parents[1] / "pictures"
+
+
+@pytest.mark.parametrize("name", ["frame.jpg", "frame.gif"])
+def test_a_jpeg_and_a_gif_are_decoded_in_the_runner_as_llama_cpp_decodes_them(
+    engine, runner, paths, name
+):
+    frame = Image.from_bytes((PICTURES / name).read_bytes())
+    assert frame.kind == {"frame.jpg": "jpeg", "frame.gif": "gif"}[name]
+    prompt = chat("What kind of picture is this?")
+    final, ids = answer(engine, prompt, [frame])
+    assert final.type == "done", getattr(final, "message", final)
+    assert final.figures["image_tokens"] == IMAGE_TOKENS
+    assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, [frame], len(ids))
+
+
+def test_a_camera_frame_larger_than_the_projector_takes_is_read_at_its_size(engine, runner,
+                                                                            paths):  # fmt: skip
+    # 1280 x 720 for a 112 px encoder: libmtmd scales it down, the same 64 tokens, and the
+    # answer is llama.cpp's own for the same frame.
+    prompt = chat("What does the camera show?")
+    frame = Image.from_bytes(picture(1280, 720, seed=111))
+    final, ids = answer(engine, prompt, [frame])
+    assert final.type == "done", getattr(final, "message", final)
+    assert final.figures["image_tokens"] == IMAGE_TOKENS
+    assert ids and ids == llama_cpps_own_answer(runner, paths, prompt, [frame], len(ids))
+
+
 def test_the_same_image_twice_is_encoded_once(engine):
     prompt = chat("Are these the same picture?", images=2, before=True)
     final, _ = answer(engine, prompt, [image(107), image(107)])

@@ -39,6 +39,17 @@ def test_base64_that_does_not_decode_is_refused():
     assert Image.from_base64(base64.b64encode(picture()).decode()).kind == "png"
 
 
+def test_base64_wrapped_in_lines_is_the_same_image_as_ollama_reads_it():
+    # Go's decoder, which reads Ollama's `images`, skips line breaks: a client that wraps its
+    # base64 at 76 columns (Python's encodebytes, MIME) gets the picture there.
+    wrapped = base64.encodebytes(picture()).decode()
+    assert "\n" in wrapped.strip()
+    assert Image.from_base64(wrapped) == Image.from_bytes(picture())
+    assert Image.from_base64(wrapped.replace("\n", "\r\n")) == Image.from_bytes(picture())
+    with pytest.raises(Refused, match="not valid base64"):  # other whitespace is still no base64
+        Image.from_base64(wrapped.replace("\n", " "))
+
+
 def test_a_request_holds_one_marker_per_image():
     image = Image.from_bytes(picture())
     request = GenerationRequest(f"look: {MEDIA_MARKER} what is it?", media=[image])
