@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from inference.catalog.netguard import redact_url
+from inference.engine.reranking import RANK_POOLING
 
 SERVING_RELATED = ("base", "draft", "base__draft", "projector", "base__projector")
 
@@ -175,6 +176,14 @@ class LLMModel(models.Model):
     def takes_images(self) -> bool:
         """Whether its weights load with a vision projector (a derived model's: its base's)."""
         return self.weights.projector_id is not None
+
+    @property
+    def is_reranker(self) -> bool:
+        """Whether its GGUF says pooling type rank (inference.engine.reranking): it scores
+        documents against a query, and neither generates nor embeds."""
+        keys = (self.weights.metadata or {}).get("keys") or {}
+        arch = keys.get("general.architecture") or self.weights.architecture
+        return keys.get(f"{arch}.pooling_type") == RANK_POOLING
 
     @property
     def weights(self) -> "LLMModel":

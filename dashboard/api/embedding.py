@@ -66,9 +66,13 @@ TokenArrays = Annotated[
 
 
 async def embed(
-    model: LLMModel, inputs: list, *, truncate: bool, keep_alive: float | None = None
+    model: LLMModel, inputs: list, *, truncate: bool, keep_alive: float | None = None,
+    query: str | None = None, truncate_left: bool = False,
 ) -> EmbedResult:
-    job = EmbedJob(model.name, inputs, truncate=truncate, keep_alive=keep_alive)
+    """The vectors of `inputs`, or with a `query` a reranker's score of each
+    (dashboard.api.rerank)."""
+    job = EmbedJob(model.name, inputs, truncate=truncate, keep_alive=keep_alive, query=query,
+                   truncate_left=truncate_left)  # fmt: skip
     try:
         return await get_client().embed(job, spec_for(model))
     except EmbedError as exc:

@@ -3,7 +3,7 @@ llama-server's tokenizer endpoints, /metrics and the OpenAPI description."""
 
 from django.urls import path, re_path
 
-from dashboard.api import metrics, openapi
+from dashboard.api import metrics, openapi, rerank
 from dashboard.api.anthropic import views as anthropic
 from dashboard.api.errors import unknown_endpoint
 from dashboard.api.llama_server import views as llama_server
@@ -14,6 +14,7 @@ from dashboard.api.responses import views as responses
 
 # The API's paths outside /v1/ and /api/ (the gate holds them to their views' declarations too).
 ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template")
+ROOT_PATHS += ("/rerank", "/reranking")  # llama-server's reranking routes
 
 urlpatterns = [
     # OpenAI
@@ -45,6 +46,11 @@ urlpatterns = [
     path("tokenize", llama_server.tokenize, name="tokenize"),
     path("detokenize", llama_server.detokenize, name="detokenize"),
     path("apply-template", llama_server.apply_template, name="apply_template"),
+    # Reranking (llama-server's four paths; Cohere's, Jina's and TEI's bodies)
+    path("v1/rerank", rerank.rerank, name="rerank"),
+    path("v1/reranking", rerank.rerank, name="v1_reranking"),
+    path("rerank", rerank.rerank, name="rerank_root"),
+    path("reranking", rerank.rerank, name="reranking"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

@@ -138,16 +138,28 @@ def pack(sequences: list[list[int]], max_tokens: int, max_seqs: int) -> list[lis
     return groups
 
 
-def start(engine, inputs: list[str | list[int]], *, truncate: bool) -> Future:
+def start(
+    engine, inputs: list[str | list[int]], *, truncate: bool, query: str | None = None,
+    truncate_left: bool = False,
+) -> Future:  # fmt: skip
     """Check and tokenize `inputs` on this thread (raising InvalidParams or PromptTooLong at
     once), then embed them on the engine's thread, between steps, never beside a decode of the
-    same model. The Future's result is an Embedding."""
+    same model. With a `query`, the inputs are documents that a reranker scores against it
+    (inference.engine.reranking): one float per document. The Future's result is an Embedding."""
+    from inference.engine import reranking  # that module builds on this one
+
     runner = engine.runner
     limit = getattr(runner, "embed_limit", 0)
     if not limit:
         raise InvalidParams("model", "this runner cannot compute embeddings")
-    sequences = prepare(inputs, runner.tokenize, n_vocab=runner.n_vocab, limit=limit,
-                        truncate=truncate)  # fmt: skip
+    if query is not None:
+        sequences = reranking.prepare(query, inputs, runner, truncate=truncate,
+                                      truncate_left=truncate_left)  # fmt: skip
+    elif getattr(runner, "ranks", False):
+        raise InvalidParams("model", reranking.IS_A_RERANKER)
+    else:
+        sequences = prepare(inputs, runner.tokenize, n_vocab=runner.n_vocab, limit=limit,
+                            truncate=truncate)  # fmt: skip
 
     def compute() -> Embedding:
         started = time.perf_counter()

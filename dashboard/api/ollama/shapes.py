@@ -44,7 +44,10 @@ def human_count(count: int | None) -> str:
 
 def capabilities(model: LLMModel) -> list[str]:
     """What the model can be asked, in Ollama's names: "vision" when it takes images (Open WebUI
-    enables image upload from it), "tools" and "thinking" where its template renders them."""
+    enables image upload from it), "tools" and "thinking" where its template renders them.
+    A reranker (rank pooling) has "rerank" alone: it answers only /v1/rerank."""
+    if model.is_reranker:
+        return ["rerank"]
     found = ["completion"]
     if model.takes_images:
         found.append("vision")
