@@ -1,7 +1,8 @@
 """Embeddings, the steps the dialects share (OpenAI's /v1/embeddings in openai/, Ollama's
 /api/embed and /api/embeddings in ollama/), and the bounds their bodies share.
 
-Any registered model embeds, in its runner process (inference.serving.embeds): a text is
+Any registered model but a reranker embeds, in its runner process (inference.serving.embeds; a
+reranker scores documents on the same path instead: dashboard.api.rerank): a text is
 tokenized with the model's own tokenizer and pooled the model's way (mean where the GGUF names
 none). /api/embed and /v1/embeddings give vectors of Euclidean length 1, as Ollama and OpenAI
 do; /api/embeddings, Ollama's older endpoint, gives the raw pooled vector, as Ollama does.

@@ -25,7 +25,7 @@ from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.projector import Projector, ProjectorError, route_logs
 from inference.engine.request import Request
-from inference.engine.reranking import PairLayout
+from inference.engine.reranking import RANK_POOLING, PairLayout
 from inference.engine.runner_config import KV_TYPES, RunnerConfig
 from inference.engine.scheduler import Chunk
 from inference.engine.vision import MediaPrompt, is_media
@@ -75,7 +75,7 @@ CALIBRATE_S = 0.1  # at most about this long timing steps by size at load (calib
 # input is its own decode; the test that compares alone and batched guards a larger value.
 EMBED_MAX_SEQS = 1
 # llama.cpp's pooling types (llama_pooling_type); a GGUF names its own under <arch>.pooling_type.
-_POOL_NONE, _POOL_MEAN, _POOL_RANK = 0, 1, 4
+_POOL_NONE, _POOL_MEAN = 0, 1
 
 
 class LoadError(RuntimeError):
@@ -148,7 +148,7 @@ class LlamaRunner:
         self._embed_batch = None
         # A reranker (inference.engine.reranking) pools one score per pair and does nothing else.
         self.pooling = self._named_pooling()
-        self.ranks = self.pooling == _POOL_RANK
+        self.ranks = self.pooling == RANK_POOLING
         self.pair_layout = self._pair_layout() if self.ranks else None
 
     def _load_model_and_context(self, config: RunnerConfig, model_params) -> None:

@@ -166,3 +166,21 @@ def test_reranking_needs_a_valid_key(served):
         wrong = httpx.post(appliance.url + path, json=body,
                            headers={"Authorization": "Bearer nope"})  # fmt: skip
         assert wrong.status_code == 401
+
+
+def test_metrics_count_the_documents_ranked(http, expected):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = ("appliance_reranked_documents", "appliance_reranked_tokens")
+
+    def counted() -> dict[str, float]:
+        families = text_string_to_metric_families(http.get("/metrics").text)
+        return {family.name: sum(s.value for s in family.samples if s.labels["model"] == RERANKER)
+                for family in families if family.name in names}  # fmt: skip
+
+    before = counted()
+    post(http, "/v1/rerank", {"model": RERANKER, "query": QUERY, "documents": DOCUMENTS})
+    after = counted()
+    assert after["appliance_reranked_documents"] - before["appliance_reranked_documents"] == 4
+    tokens = sum(e["tokens"] for e in expected)
+    assert after["appliance_reranked_tokens"] - before["appliance_reranked_tokens"] == tokens

@@ -5,6 +5,7 @@ scores computed in another process."""
 import pytest
 
 from inference.engine import Engine, InvalidParams, PromptTooLong, SamplingParams
+from inference.engine.embedding import TURN_INPUTS
 from inference.engine.reranking import MAX_DOCUMENTS, PairLayout, pair_tokens, scores
 from tests.inference.engine.fakes import ask
 from tests.rerankers import reference_scores
@@ -126,3 +127,14 @@ def test_a_generative_model_refuses_to_rank(starter_path, extra_bufts):
         assert "not a reranker" in str(refused.value)
     finally:
         engine.shutdown()
+
+
+def test_a_short_ranking_is_not_held_behind_a_long_one(engine):
+    finished: list[str] = []
+    long = engine.embed([f"document {i}" for i in range(3 * TURN_INPUTS)], query=QUERY)
+    short = engine.embed(DOCUMENTS[:2], query=QUERY)
+    long.add_done_callback(lambda _: finished.append("long"))
+    short.add_done_callback(lambda _: finished.append("short"))
+    assert len(scores(long.result(timeout=600))) == 3 * TURN_INPUTS
+    assert len(scores(short.result(timeout=600))) == 2
+    assert finished == ["short", "long"]
