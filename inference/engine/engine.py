@@ -131,6 +131,10 @@ class Runner(Protocol):
     # def read_images(self, prompt: str, images, add_special: bool) -> MediaPrompt: ...
     # def encode_image(self, prompt: MediaPrompt, index: int) -> numpy.ndarray: ...
     # def free_media(self, prompt: MediaPrompt) -> None: ...
+    # The images of the prompt a sequence now holds (on admission, before its KV edits): where
+    # an image takes fewer KV positions than tokens (M-RoPE), its trims go through them.
+    # def hold(self, seq_id: int, spans: list[ImageSpan] | None) -> None: ...
+    # image_width: int (an image's embeddings' width; without it none are kept on disk)
     def info(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -208,7 +212,8 @@ class Engine:
         # Requests whose images the encoder is reading, by id (the engine thread's: see
         # _handle_message); the encoder, where the runner takes images.
         self._preparing: dict[str, Request] = {}
-        self._encoder = (Encoder(runner, self._images_read, name=name)
+        # Encoded images outlive the process in the tiers' disk tier (PromptStore.read_image).
+        self._encoder = (Encoder(runner, self._images_read, name=name, shelf=prompts)
                          if getattr(runner, "takes_images", False) else None)  # fmt: skip
         if prompts is not None:
             self._inbox.put(("forgets",))
@@ -658,6 +663,8 @@ class Engine:
             if self.speculation is not None:  # what its answers taught the n-gram table too
                 self.speculation.forget(partition, everything=everything)
             dropped = self.prompts.forget(partition, everything=everything) if self.prompts else 0
+            if self._encoder is not None:  # its encoded images (the tiers drop those on disk)
+                self._encoder.cache.forget(partition, everything=everything)
             self._apply_forgets()  # its record too (kept_prompts writes it first): said done
             future.set_result(dropped)
         elif kind == "forgets":
@@ -669,6 +676,8 @@ class Engine:
             return
         for forget in self.prompts.apply_forgets():
             self.scheduler.forget(forget.partition, forget.everything)
+            if self._encoder is not None:
+                self._encoder.cache.forget(forget.partition, everything=forget.everything)
             if self.speculation is not None:
                 self.speculation.forget(forget.partition, everything=forget.everything)
 
@@ -786,6 +795,9 @@ class Engine:
         are the step's: `plan.saved_s`, `plan.restored_s`, in its record); then each request
         admitted with cached tokens is checked to go on from them (runner.continues: a model
         with sliding-window layers may have dropped what an old prefix needs)."""
+        if self._encoder is not None:  # the images whose KV positions the edits speak of
+            for request in plan.admitted:
+                self.runner.hold(request.seq_id, request.media)
         for op in plan.kv_ops:
             if isinstance(op, KvTrim):
                 self.runner.trim([op])

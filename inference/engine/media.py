@@ -4,8 +4,9 @@ A request with media carries its prompt as text with one `MEDIA_MARKER` where ea
 in order, and the images beside it (`GenerationRequest.media`), as llama-server renders content
 parts: the text and its media marker, in order. Nothing between the web side and the runner
 looks inside the bytes: the kind is sniffed from the magic bytes so a file that is no picture
-at all is a 400 at the edge, but the pixels are decoded in the runner (libmtmd), never in the
-web process, so a decoder crash costs that answer only.
+at all is a 400 at the edge, but the pixels are decoded by the runner's own decoder process
+(libmtmd's decoder: inference.engine.picture_decoder), never in the web process nor in the runner
+itself, so a decoder crash costs that answer only.
 
 An image's identity is the sha256 of its bytes: the runner's encoder cache and the prompt cache
 key an image span by it (with the projector's digest), so the same picture sent again, in any

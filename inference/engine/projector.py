@@ -1,9 +1,10 @@
 """A vision projector loaded beside a model with libmtmd (llama.cpp's tools/mtmd): runner-process
 code, like runner.py, the only other module that calls llama.cpp.
 
-It reads a prompt with images as llama-server does (mtmd_helper_bitmap_init_from_buf decodes each
-picture with stb_image, mtmd_tokenize splits text and images into chunks) and encodes one image
-chunk at a time (mtmd_encode_chunk). Everything here runs on the engine's encoder thread
+It reads a prompt with images as llama-server does (each picture decoded by libmtmd's own decoder,
+mtmd_helper_bitmap_init_from_buf, but in the runner's decoder process: picture_decoder.py;
+mtmd_tokenize splits text and images into chunks) and encodes one image chunk at a time
+(mtmd_encode_chunk). Everything here runs on the engine's encoder thread
 (inference.engine.vision.Encoder), never on the step thread: libmtmd's context is that
 thread's alone. The embeddings it returns are fed into llama_decode by the runner, on the step
 thread, in chunks inside the step budget.
@@ -18,13 +19,9 @@ import llama_cpp.mtmd_cpp as mt
 import numpy as np
 
 from inference.engine.media import MEDIA_MARKER, Image
+from inference.engine.picture_decoder import DecoderFailed, PictureDecoder
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.vision import ImageSpan, MediaPrompt, image_key, media_ids
-
-# stb_image reads JPEG, PNG, GIF and BMP. Bytes it cannot read would fall through to libmtmd's
-# video path, which launches ffprobe: pointed at a directory that has none, a corrupt picture
-# is refused without starting a program.
-_NO_FFMPEG = b"/nonexistent/ffmpeg-is-not-used-for-images"
 
 
 def route_logs(callback) -> None:
@@ -50,11 +47,13 @@ def projector_key(path: str, sha256: str = "") -> str:
 
 class Projector:
     def __init__(self, path: str, model, *, n_threads: int, use_gpu: bool, flash_attn: bool,
-                 n_embd: int, max_whole: int, sha256: str = ""):  # fmt: skip
+                 n_embd: int, max_whole: int, sha256: str = "",
+                 pictures: PictureDecoder | None = None):  # fmt: skip
         """`n_embd`: the model's input width (llama_model_n_embd_inp); `max_whole`: the most
         image tokens one llama_decode takes in one ubatch (an image the projector wants
         decoded with causal attention off must fit it); `sha256`: the file's digest where the
-        catalog knows it (projector_key)."""
+        catalog knows it (projector_key); `pictures`: the decoder process to read pictures
+        with (a real one by default), the projector's to close."""
         if not os.path.isfile(path):
             raise ProjectorError(f"projector file not found: {path}")
         params = mt.mtmd_context_params_default()
@@ -78,16 +77,16 @@ class Projector:
         self.mrope = bool(mt.mtmd_decode_use_mrope(self.ctx))
         marker = mt.mtmd_get_marker(self.ctx)
         self.marker = marker.decode() if marker else MEDIA_MARKER
-        # Positions are token indexes everywhere in the engine (the prefix cache, trims, the
-        # tiers): M-RoPE's 2-D image positions (Qwen2-VL and its kin) are not, so such a
-        # projector is loaded but its images are refused, with this reason.
+        # With M-RoPE (Qwen2-VL and its kin: the language model's rope type) an image's rows
+        # take 2-D positions, fewer than its tokens: each span carries them (ImageSpan.mrope)
+        # and every KV position goes through vision.kv_position.
         self.problem = None
         if not self.vision:
             self.problem = "its projector has no vision encoder"
-        elif self.mrope:
-            self.problem = ("its projector needs M-RoPE image positions (Qwen2-VL style), which "
-                            "this engine does not feed yet")  # fmt: skip
         self.image_tokens = self._fixed_image_tokens()
+        self.pictures = None
+        if not self.problem:
+            self.pictures = (pictures or PictureDecoder()).start()
 
     def _fixed_image_tokens(self) -> int | None:
         """Image tokens per image where they do not depend on the picture's size (two pictures
@@ -132,15 +131,18 @@ class Projector:
             raise
 
     def _bitmap(self, image: Image, n: int | None):
-        data = (ctypes.c_uint8 * len(image.data)).from_buffer_copy(image.data)
-        opt = mt.mtmd_helper_init_opt_default()
-        opt.video_params.ffmpeg_bin_dir = _NO_FFMPEG
-        bitmap = mt.mtmd_helper_bitmap_init_from_buf(self.ctx, data, len(image.data), False, opt)
-        if not bitmap:
-            which = f"image {n}" if n else "the image"
+        which = f"image {n}" if n else "the image"
+        try:
+            picture = self.pictures.decode(image.data)
+        except DecoderFailed as exc:
+            raise Refused(f"{which} could not be decoded: {exc} (it is unreadable)",
+                          kind=RefusalKind.INVALID, field="images") from exc  # fmt: skip
+        if picture is None:
             raise Refused(f"{which} could not be decoded: the {image.kind.upper()} data is "
                           "corrupt or of a kind the decoder does not read",
                           kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        pixels = (ctypes.c_uint8 * len(picture.rgb)).from_buffer_copy(picture.rgb)
+        bitmap = mt.mtmd_bitmap_init(picture.width, picture.height, pixels)
         mt.mtmd_bitmap_set_id(bitmap, image.digest.encode())
         return bitmap
 
@@ -174,21 +176,47 @@ class Projector:
             if kind != mt.MTMD_INPUT_CHUNK_TYPE_IMAGE:
                 raise Refused("this model's projector reads audio, not images",
                               kind=RefusalKind.INVALID, field="images")  # fmt: skip
-            if int(mt.mtmd_input_chunk_get_n_pos(chunk)) != n:
+            n_pos = int(mt.mtmd_input_chunk_get_n_pos(chunk))
+            if n_pos != n and not self.mrope:
                 raise Refused("this projector's images take fewer positions than tokens, which "
                               "this engine does not feed", kind=RefusalKind.INVALID,
                               field="images")  # fmt: skip
             raw = mt.mtmd_input_chunk_get_id(chunk)
             digest = raw.decode() if raw else next(digests, "")
-            key = image_key(self.key, digest)
+            mrope = self._mrope_positions(chunk, n) if self.mrope else None
+            identity = digest
+            if mrope is not None:  # the same picture is the same KV only where its rows sit alike
+                layout = hashlib.sha256(mrope[0].tobytes() + mrope[1].tobytes()).hexdigest()
+                identity = f"{digest}\n{layout}"
+            key = image_key(self.key, identity)
             whole = bool(mt.mtmd_decode_use_non_causal(self.ctx, chunk))
             if whole and n > self.max_whole:
                 raise Refused(f"an image here is {n} tokens, and this projector needs it read in "
                               f"one batch: load the model with a batch of at least {n}",
                               kind=RefusalKind.INVALID, field="images")  # fmt: skip
-            spans.append(ImageSpan(len(ids), n, key, digest, whole))
+            spans.append(ImageSpan(len(ids), n, key, digest, whole, n_pos=n_pos, mrope=mrope))
             ids.extend(media_ids(key, n))
         return MediaPrompt(ids, spans, native=chunks)
+
+    @staticmethod
+    def _mrope_positions(chunk, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """An image chunk's M-RoPE row positions as ImageSpan.mrope keeps them: in llama.cpp's
+        section order (t, y, x, z: mtmd-helper's set_position_mrope_2d), at a first position of
+        0, and how much each moves per position (libmtmd's mtmd_image_tokens_get_decoder_pos,
+        read at 0 and 1: a section that holds the image's number, not a position, does not)."""
+        tokens = mt.mtmd_input_chunk_get_tokens_image(chunk)
+        if not tokens:
+            raise RuntimeError("libmtmd gave an image chunk without its image tokens")
+
+        def at(base: int) -> np.ndarray:
+            rows = np.empty((4, n), dtype=np.int32)
+            for i in range(n):
+                pos = mt.mtmd_image_tokens_get_decoder_pos(tokens, base, i)
+                rows[:, i] = (pos.t, pos.y, pos.x, pos.z)
+            return rows
+
+        offsets = at(0)
+        return offsets, at(1) - offsets
 
     def encode(self, prompt: MediaPrompt, index: int) -> np.ndarray:
         """The embeddings of the prompt's `index`th image: float32, n_tokens x n_embd."""
@@ -225,6 +253,8 @@ class Projector:
                 "problem": self.problem}  # fmt: skip
 
     def close(self) -> None:
+        if self.pictures is not None:
+            self.pictures.close()
         if self.ctx:
             mt.mtmd_free(self.ctx)
             self.ctx = None

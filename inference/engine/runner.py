@@ -22,13 +22,20 @@ from inference.engine.draft_model import DraftModel, DraftModelError
 from inference.engine.embedding import pack
 from inference.engine.events import StepLogprobs, TokenLogprob
 from inference.engine.params import InvalidParams, SamplingParams
+from inference.engine.picture_decoder import PictureDecoder
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.projector import Projector, ProjectorError, route_logs
 from inference.engine.request import Request
 from inference.engine.reranking import RANK_POOLING, PairLayout
 from inference.engine.runner_config import KV_TYPES, RunnerConfig
 from inference.engine.scheduler import Chunk
-from inference.engine.vision import MediaPrompt, is_media
+from inference.engine.vision import (
+    ImageSpan,
+    MediaPrompt,
+    first_position,
+    is_media,
+    kv_position,
+)
 
 _backend_lock = threading.Lock()
 _backend_ready = False
@@ -101,7 +108,9 @@ def _grammar_complaint(grammar: str, lines: list[str]) -> str:
 
 
 class LlamaRunner:
-    def __init__(self, config: RunnerConfig):
+    def __init__(self, config: RunnerConfig, *, pictures: PictureDecoder | None = None):
+        """`pictures`: the process a vision model's pictures are decoded in (its own, by
+        default: inference.engine.picture_decoder)."""
         _init_backend()
         self.config = config
         if not os.path.isfile(config.model_path):
@@ -130,9 +139,13 @@ class LlamaRunner:
         self._draft = self._load_draft_model(config)
         self._projector = None
         self._embd_batch = None
+        self._mrope_pos = None  # the embedding batch's positions with M-RoPE (_load_projector)
+        self._embd_pos: int | None = None  # the address of the batch's own pos array
+        # The images of what each sequence holds (hold): its KV positions with M-RoPE.
+        self._layouts: dict[int, list[ImageSpan] | None] = {}
         self._saved_logits: dict[str, dict[int, np.ndarray]] = {}
         try:
-            self._projector = self._load_projector(config)
+            self._projector = self._load_projector(config, pictures)
         except LoadError:
             self._free_model()
             raise
@@ -201,7 +214,8 @@ class LlamaRunner:
             self.draft_problem = str(exc)
             return None
 
-    def _load_projector(self, config: RunnerConfig) -> Projector | None:
+    def _load_projector(self, config: RunnerConfig,
+                        pictures: PictureDecoder | None) -> Projector | None:  # fmt: skip
         """The vision projector, with libmtmd: a projector that does not load is the load's
         failure (the model was asked for with it), said clearly. Its encoder gets threads of its
         own, few on a small box: it runs beside the steps (inference.engine.vision), and the
@@ -218,10 +232,18 @@ class LlamaRunner:
             projector = Projector(config.mmproj_path, self.model, n_threads=threads,
                                   use_gpu=use_gpu, flash_attn=config.flash_attn, n_embd=n_embd,
                                   max_whole=min(config.n_ubatch, config.n_batch),
-                                  sha256=config.mmproj_sha256)  # fmt: skip
+                                  sha256=config.mmproj_sha256, pictures=pictures)  # fmt: skip
         except ProjectorError as exc:
             raise LoadError(str(exc)) from exc
         self._embd_batch = ll.llama_batch_init(self.n_batch, n_embd, 1)
+        if projector.mrope:
+            # Four positions a row (llama.cpp's M-RoPE sections, section-major) where
+            # llama_batch_init made room for one: the batch reads them from an array of ours.
+            # (Its own array's address is kept as a number: a pointer read from the struct is
+            # a view of the field, and would follow it to ours.)
+            self._mrope_pos = (ll.llama_pos * (4 * self.n_batch))()
+            self._embd_pos = ctypes.cast(self._embd_batch.pos, ctypes.c_void_p).value
+            self._embd_batch.pos = ctypes.cast(self._mrope_pos, ctypes.POINTER(ll.llama_pos))
         return projector
 
     def _free_model(self) -> None:
@@ -239,6 +261,12 @@ class LlamaRunner:
         """A projector is loaded: requests may carry images (whose reading may still be
         refused, with image_problem's reason)."""
         return self._projector is not None
+
+    @property
+    def image_width(self) -> int | None:
+        """The width of an image's embeddings (the model's input width); None without a
+        projector."""
+        return self._projector.n_embd if self._projector is not None else None
 
     @property
     def image_problem(self) -> str | None:
@@ -396,9 +424,29 @@ class LlamaRunner:
 
     # --- the KV cache and the step -----------------------------------------------------------
 
+    @property
+    def positions_are_indexes(self) -> bool:
+        """Whether a token's KV position is its index in its sequence: everywhere but where an
+        M-RoPE projector gives an image fewer positions than tokens (vision.kv_position)."""
+        return self._mrope_pos is None
+
+    def hold(self, seq_id: int, spans: list[ImageSpan] | None) -> None:
+        """Sequence `seq_id` now holds (a prefix of) a prompt with these images (None: none):
+        its KV positions from here on, for the trims and checks that speak of token indexes.
+        A slot taken by a new request shares the prefix it keeps with what it held before, so
+        the new request's images place that prefix as the old ones did."""
+        if not self.positions_are_indexes:
+            self._layouts[seq_id] = spans
+
+    def _position(self, seq_id: int, index: int) -> int:
+        if self.positions_are_indexes or index == 0:
+            return index
+        return kv_position(self._layouts.get(seq_id), index)
+
     def trim(self, trims: list[KvTrim]) -> None:
         for trim in trims:
-            ll.llama_memory_seq_rm(self.memory, trim.seq_id, trim.start, -1)
+            start = self._position(trim.seq_id, trim.start)
+            ll.llama_memory_seq_rm(self.memory, trim.seq_id, start, -1)
 
     def continues(self, seq_id: int, position: int) -> bool:
         """Whether sequence `seq_id` can go on at `position` with the KV it holds: its cells end
@@ -408,12 +456,13 @@ class LlamaRunner:
         same, pos_min against n_swa)."""
         if position == 0:
             return True
-        if ll.llama_memory_seq_pos_max(self.memory, seq_id) != position - 1:
+        last = self._position(seq_id, position - 1)  # an M-RoPE image's rows share one
+        if ll.llama_memory_seq_pos_max(self.memory, seq_id) != last:
             return False
         if self.n_swa <= 0:
             return True
         pos_min = ll.llama_memory_seq_pos_min(self.memory, seq_id)
-        return pos_min == 0 or pos_min < max(0, position - self.n_swa)
+        return pos_min == 0 or pos_min < max(0, last + 1 - self.n_swa)
 
     @property
     def state_format(self) -> str:
@@ -484,7 +533,10 @@ class LlamaRunner:
         for n in order:
             chunk = chunks[n]
             seq_id = chunk.request.seq_id
-            position = chunk.start
+            # Text is a run of consecutive positions: from the chunk's start's, which is its
+            # index but after an M-RoPE image (vision.kv_position).
+            position = (chunk.start if self.positions_are_indexes
+                        else kv_position(chunk.request.media, chunk.start))  # fmt: skip
             for tok in (*chunk.tokens[: text[n]], *chunk.draft):
                 token[i] = tok
                 pos[i] = position
@@ -584,6 +636,9 @@ class LlamaRunner:
         if rows > limit:
             raise ValueError(f"{rows} image rows exceed the batch of {limit}")
         base = ctypes.addressof(batch.embd.contents)
+        mrope = None
+        if not self.positions_are_indexes:  # the rows' four positions, not one index each
+            mrope = np.ctypeslib.as_array(self._mrope_pos, shape=(4 * self.n_batch,))
         i = 0
         wanted = {}
         for n in sorted(group, key=lambda n: chunks[n].request.seq_id):
@@ -596,8 +651,15 @@ class LlamaRunner:
             if block.shape != (last - first, n_embd):
                 raise ValueError("an image's embeddings do not match its span")
             ctypes.memmove(base + i * n_embd * 4, block.ctypes.data, block.nbytes)
+            if mrope is not None:  # section-major: section j of row i at j * rows + i
+                at = first_position(chunk.request.media, span)
+                positions = span.row_positions(at, first - span.start, last - span.start)
+                for section in range(4):
+                    offset = section * rows + i
+                    mrope[offset : offset + last - first] = positions[section]
             for position in range(first, last):
-                batch.pos[i] = position
+                if mrope is None:
+                    batch.pos[i] = position
                 batch.n_seq_id[i] = 1
                 batch.seq_id[i][0] = chunk.request.seq_id
                 batch.logits[i] = 0
@@ -894,6 +956,9 @@ class LlamaRunner:
             self._draft.close()
         if self._projector is not None:
             self._projector.close()
+            if self._embd_pos is not None:  # llama_batch_free frees the array it made
+                self._embd_batch.pos = ctypes.cast(ctypes.c_void_p(self._embd_pos),
+                                                   ctypes.POINTER(ll.llama_pos))  # fmt: skip
             ll.llama_batch_free(self._embd_batch)
         if self._embed_ctx is not None:
             ll.llama_batch_free(self._embed_batch)

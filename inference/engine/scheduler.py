@@ -43,7 +43,9 @@ Images (inference.engine.vision): a request with images reaches the scheduler wi
 encoded, each image's positions holding pseudo ids, and is scheduled like text, with one rule
 more: a prompt chunk is a run of text and then of one image, ending where that image ends (the
 runner feeds image rows as an embedding batch after the token batch), and an image the
-projector wants whole is never cut (vision.chunk_length).
+projector wants whole is never cut (vision.chunk_length). A cached prefix keeps an M-RoPE image
+(Qwen2-VL: its rows share one KV position) and one the projector wants whole (non-causal) whole
+or not at all (vision.reusable).
 
 A running request that steps 1 and 3 leave out of a plan while interactive work runs is
 paused (`Request.paused`): its tokens stop, its KV and its reservation stay, and it resumes
@@ -74,7 +76,7 @@ from inference.engine.request import Request, Status
 from inference.engine.speculation.policy import Speculation
 from inference.engine.tiers import Hit, PromptStore, RestoreCosts
 from inference.engine.tiers.entries import as_tokens
-from inference.engine.vision import chunk_length
+from inference.engine.vision import chunk_length, reusable
 
 
 class QueueFull(Refused):
@@ -413,6 +415,7 @@ class Scheduler:
         slot, reused = self.cache.choose(
             request.prompt_ids, request.cache_key, request.cache_partition
         )
+        reused = reusable(request.media, reused)
         hit = self._kept_prefix(request, reused)
         if hit is not None and hit.data is None:
             # Fetched once for this request: a fetch that did not bring it is not tried again
@@ -428,7 +431,7 @@ class Scheduler:
             if not self._kv_fits(plan, request, restore_s, now):
                 return Admission.NO_ROOM
             slot = self.cache.choose_empty()
-            reused = min(hit.shared, request.prompt_len - 1)
+            reused = reusable(request.media, min(hit.shared, request.prompt_len - 1))
         request.max_new_tokens = min(
             request.params.max_tokens, self.ctx_per_seq - request.prompt_len
         )
@@ -497,7 +500,7 @@ class Scheduler:
             return None
         if hit.entry.pending == "read":
             return hit  # another request fetches it already: wait for it too
-        gained = min(hit.shared, request.prompt_len - 1) - reused
+        gained = reusable(request.media, min(hit.shared, request.prompt_len - 1)) - reused
         per_token = self.budget.seconds_per_prompt_token()
         if gained <= 0 or not self.costs.pays(hit.entry.n_bytes, hit.data is None, gained,
                                               per_token):  # fmt: skip

@@ -1,7 +1,8 @@
 """Images in the engine: a phase of their own, beside the steps, and remembered by content.
 
 A request with images (GenerationRequest.media) is read by the runner's encoder thread before the
-scheduler sees it: the runner decodes each picture and splits the prompt into text and image
+scheduler sees it: the runner has each picture decoded (in a process of its own, so a decoder
+crash costs that request only: picture_decoder.py) and splits the prompt into text and image
 chunks (libmtmd's mtmd_tokenize), and the projector encodes each image into embeddings, one row
 per image position. Meanwhile the steps go on: the encoder has a thread of its own, with its own
 threads and a lower OS priority, so running streams keep their ITL target. The request then
@@ -12,9 +13,19 @@ hash"), and a second turn about the same picture reuses its KV. The runner feeds
 from the embeddings (an embedding batch beside the token batch); nothing ever gives a pseudo id
 to llama_decode, and speculation never drafts from or into one (speculation.policy).
 
-Embeddings are kept in a bounded RAM cache by the same key, so the same picture sent again is
-not encoded again. A picture that cannot be decoded, or one too large to decode safely (its
-header is read first, `check_pictures`), costs that request only: a clear "invalid" refusal.
+A token's KV position is its index in its sequence, except with M-RoPE (Qwen2-VL and its kin):
+there an image of nx x ny rows takes max(nx, ny) positions, its rows placed in 2-D from the
+first (ImageSpan.mrope), so every position the runner feeds, trims or checks goes through
+`kv_position`, and a cached prefix keeps such an image, like one the projector reads whole,
+whole or not at all (`reusable`).
+
+Embeddings are kept in a bounded RAM cache by the same key, and where the model keeps prompts
+on disk in its disk tier too (tiers.images: the encoder reads them, the disk thread writes
+them), so the same picture sent again, after an unload or a restart too, is not encoded again.
+Both are partitioned like the prompt cache: a hit is never another partition's, and a forget
+drops a partition's images with its kept prompts. A picture that cannot be decoded, or one too
+large to decode safely (its header is read first, `check_pictures`), costs that request only:
+a clear "invalid" refusal.
 
 This module imports no llama_cpp: the runner does the llama.cpp part (runner.py, projector.py).
 """
@@ -29,6 +40,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -143,7 +155,7 @@ def check_pictures(images: tuple[Image, ...], max_pixels: int = MAX_PIXELS) -> N
 
 @dataclass(slots=True, eq=False)
 class ImageSpan:
-    """One image's positions in a prompt: [start, start + n_tokens)."""
+    """One image's places in a prompt: [start, start + n_tokens)."""
 
     start: int
     n_tokens: int
@@ -153,10 +165,64 @@ class ImageSpan:
     # (mtmd_decode_use_non_causal): the scheduler never cuts it.
     whole: bool = False
     embeddings: np.ndarray | None = None  # float32, n_tokens x n_embd, once encoded
+    # M-RoPE (Qwen2-VL and its kin; None elsewhere): the image's rows take `n_pos` KV positions,
+    # not n_tokens, and each row has four (llama.cpp's sections t, y, x, z). Row i of an image
+    # whose first position is p sits at `mrope[0][:, i] + p * mrope[1][:, i]`; its KV cell's
+    # position is the t section's, p for every row of a Qwen2-VL image.
+    n_pos: int = 0
+    mrope: tuple[np.ndarray, np.ndarray] | None = None  # int32 (4, n_tokens): at p = 0, per p
 
     @property
     def end(self) -> int:
         return self.start + self.n_tokens
+
+    @property
+    def skipped(self) -> int:
+        """How many fewer positions than tokens the image takes (0 without M-RoPE)."""
+        return self.n_tokens - self.n_pos if self.mrope is not None else 0
+
+    def row_positions(self, base: int, first: int, last: int) -> np.ndarray:
+        """The M-RoPE positions (4, last - first) of rows [first, last) of the image, its first
+        position being `base`."""
+        offsets, steps = self.mrope
+        return offsets[:, first:last] + base * steps[:, first:last]
+
+
+def first_position(spans: list[ImageSpan], span: ImageSpan) -> int:
+    """The KV position an image of a prompt starts at: its index, less what the M-RoPE images
+    before it skipped."""
+    return span.start - sum(before.skipped for before in spans if before.end <= span.start)
+
+
+def kv_position(spans: list[ImageSpan] | None, index: int) -> int:
+    """The KV position of a sequence's `index`th token (a prompt's place or an answer's token).
+
+    It is the index itself except after an M-RoPE image, which takes fewer positions than
+    tokens: each one before `index` moves it back by ImageSpan.skipped, and every row of such an
+    image sits at the image's own t position. llama.cpp keeps a cell's t position, so this is
+    what llama_memory_seq_rm and seq_pos_max speak of."""
+    if not spans:
+        return index
+    moved = 0
+    for span in spans:
+        if index < span.start:
+            break
+        if index < span.end and span.mrope is not None:
+            return int(span.row_positions(span.start - moved, index - span.start,
+                                          index - span.start + 1)[0, 0])  # fmt: skip
+        moved += span.skipped
+    return index - moved
+
+
+def reusable(spans: list[ImageSpan] | None, n: int) -> int:
+    """How much of a cached prefix of `n` tokens a prompt can keep: all of it, except that an
+    M-RoPE image (its rows share one KV position, so its KV cannot be cut inside it) and an
+    image the projector reads whole (non-causal: each row's KV was computed seeing every other
+    row, so its rest cannot be fed after a cut part) are kept whole or not at all."""
+    for span in spans or ():
+        if span.start < n < span.end and (span.mrope is not None or span.whole):
+            return span.start
+    return n
 
 
 @dataclass(slots=True, eq=False)
@@ -200,7 +266,8 @@ class EmbeddingCache:
 
     def __init__(self, capacity: int = CACHE_BYTES):
         self.capacity = capacity
-        self._entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        # key -> (its partition, for a forget; its embeddings)
+        self._entries: OrderedDict[str, tuple[str | None, np.ndarray]] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = 0
@@ -214,20 +281,29 @@ class EmbeddingCache:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return found
+            return found[1]
 
-    def put(self, key: str, embeddings: np.ndarray) -> None:
+    def put(self, key: str, embeddings: np.ndarray, partition: str | None = None) -> None:
         if embeddings.nbytes > self.capacity:
             return
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self.bytes -= old.nbytes
-            self._entries[key] = embeddings
+                self.bytes -= old[1].nbytes
+            self._entries[key] = (partition, embeddings)
             self.bytes += embeddings.nbytes
             while self.bytes > self.capacity:
-                _, dropped = self._entries.popitem(last=False)
+                _, (_, dropped) = self._entries.popitem(last=False)
                 self.bytes -= dropped.nbytes
+
+    def forget(self, partition: str | None = None, *, everything: bool = False) -> int:
+        """Drop a partition's images (everything: all); returns how many."""
+        with self._lock:
+            gone = [key for key, (owner, _) in self._entries.items()
+                    if everything or owner == partition]  # fmt: skip
+            for key in gone:
+                self.bytes -= self._entries.pop(key)[1].nbytes
+            return len(gone)
 
     def reading(self) -> dict:
         with self._lock:
@@ -266,10 +342,20 @@ class EncoderStopped(Exception):
     pass
 
 
+class ImageShelf(Protocol):
+    """Where encoded images outlive the process (tiers.PromptStore: its disk tier's images)."""
+
+    def read_image(self, partition: str | None, key: str, rows: int,
+                   cols: int) -> np.ndarray | None: ...  # fmt: skip
+
+    def write_image(self, partition: str | None, key: str, embeddings: np.ndarray) -> None: ...
+
+
 @dataclass(slots=True)
 class _Totals:
     images: int = 0
     cached: int = 0
+    from_disk: int = 0  # of the cached ones, read from the shelf (the RAM cache did not have it)
     seconds: float = 0.0
     failed: int = 0
 
@@ -277,14 +363,20 @@ class _Totals:
 class Encoder:
     """The thread that reads requests' images (runner.read_images, runner.encode_image) beside
     the steps. `done(job, result)` gets a MediaPrompt with every span's embeddings, or the
-    Refused that ends that request; it runs on this thread."""
+    Refused that ends that request; it runs on this thread. An image not in the RAM `cache` is
+    looked for on the `shelf` (None: there is none) before it is encoded, and kept there once
+    encoded."""
 
     def __init__(self, runner, done: Callable[[MediaJob, object], None], *,
-                 cache: EmbeddingCache | None = None, name: str = "",
-                 nice: int = ENCODER_NICE):  # fmt: skip
+                 cache: EmbeddingCache | None = None, shelf: ImageShelf | None = None,
+                 name: str = "", nice: int = ENCODER_NICE):  # fmt: skip
         self.runner = runner
         self.done = done
         self.cache = cache if cache is not None else EmbeddingCache()
+        # An image's embeddings are as wide as the model's input (a shelved file is checked).
+        width = getattr(runner, "image_width", None)
+        self.shelf = shelf if width else None
+        self.width = width
         self.nice = nice
         self.cancelled: set[str] = set()  # request ids the engine gave up on (any thread adds)
         self.busy = 0  # images being encoded right now (the step records read it)
@@ -342,8 +434,15 @@ class Encoder:
                 for n, span in enumerate(prompt.spans):
                     if request.id in self.cancelled:
                         raise EncoderStopped("cancelled")
-                    key = embedding_key(request.cache_partition, span.key)
+                    partition = request.cache_partition
+                    key = embedding_key(partition, span.key)
                     span.embeddings = self.cache.get(key)
+                    if span.embeddings is None and self.shelf is not None:
+                        span.embeddings = self.shelf.read_image(partition, key, span.n_tokens,
+                                                                self.width)  # fmt: skip
+                        if span.embeddings is not None:
+                            self.cache.put(key, span.embeddings, partition)
+                            self.totals.from_disk += 1
                     if span.embeddings is not None:
                         figures.cached += 1
                         continue
@@ -352,7 +451,9 @@ class Encoder:
                         span.embeddings = self.runner.encode_image(prompt, n)
                     finally:
                         self.busy -= 1
-                    self.cache.put(key, span.embeddings)
+                    self.cache.put(key, span.embeddings, partition)
+                    if self.shelf is not None:
+                        self.shelf.write_image(partition, key, span.embeddings)
                     figures.encoded += 1
             finally:
                 self.runner.free_media(prompt)
@@ -374,5 +475,6 @@ class Encoder:
     def reading(self) -> dict:
         totals = self.totals
         return {"encoding": self.busy, "images_encoded": totals.images,
-                "images_cached": totals.cached, "encode_seconds": round(totals.seconds, 4),
+                "images_cached": totals.cached, "images_from_disk": totals.from_disk,
+                "encode_seconds": round(totals.seconds, 4),
                 "failed": totals.failed, "cache": self.cache.reading()}  # fmt: skip

@@ -13,6 +13,7 @@ costs less than reading it again.
     files    the disk format of one entry and the directory of a model's entries
     forgets  forgets written down before they are done, applied by whoever holds the entries
     disk     the disk tier: the directory and the I/O thread that reads and writes it
+    images   encoded images on disk (a vision model's), beside its kept prompts
     ledger   the disk bound, the box's: every runner's writes reserved against one account
     costs    restore or recompute, from measured rates
 """

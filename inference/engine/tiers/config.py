@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from inference.engine.tiers.disk import DiskTier
+from inference.engine.tiers.disk import IMAGE_SHARE, DiskTier
 from inference.engine.tiers.entries import KvLayout
 from inference.engine.tiers.store import PromptStore
 
@@ -77,7 +77,9 @@ def open_store(config: PromptCacheConfig | None, runner_config, runner) -> Promp
     disk = None
     if config.directory and config.disk_bytes > 0:
         directory = Path(config.directory)
-        # The bound is the box's: every worker's directory under the data directory's one.
+        # The bound is the box's: every worker's directory under the data directory's one. A
+        # model with a projector keeps its encoded images there too (DiskTier).
+        images = IMAGE_SHARE if getattr(runner, "takes_images", False) else 0.0
         disk = DiskTier(directory, layout_for(config, runner_config, runner), config.disk_bytes,
-                        box_root=directory.parent)  # fmt: skip
+                        box_root=directory.parent, image_share=images)  # fmt: skip
     return PromptStore(config.ram_bytes, disk).open()

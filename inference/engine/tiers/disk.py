@@ -20,6 +20,14 @@ which the model page shows. Every failure is a log line and a cold read, never a
 disk while spilling, a file deleted or corrupted behind the appliance's back (its fetch fails
 its checks; the entry is dropped), a directory another runner holds (this one runs without a
 disk tier), one that is another user's (left alone).
+
+A vision model's encoded images live here too (tiers.images: `images/<partition>/`), so a
+picture sent again after an unload or a restart is not encoded again. The encoder thread reads
+them (`read_image`, checked: a bad file is deleted and the picture encoded again) and hands its
+new ones to this thread (`write_image`), which writes them as it writes entries: each reserved
+in the ledger first, within their share of the bound (`image_share`, the oldest out first), a
+write that a forget recorded since it was queued covers dropped. They count in what the
+directory holds, and a forget deletes a partition's images with its entries.
 """
 
 import logging
@@ -27,11 +35,14 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from inference.engine.tiers import files, forgets
+import numpy as np
+
+from inference.engine.tiers import files, forgets, images
 from inference.engine.tiers.entries import KvEntry, KvLayout
 from inference.engine.tiers.ledger import Ledger
 
@@ -40,6 +51,11 @@ log = logging.getLogger(__name__)
 # How often the disk thread reads its share again (runners opened or stopped meanwhile).
 REFRESH_S = 1.0
 IDLE_POLL_S = 0.25  # how often an idle disk thread looks for new forgets (a stat)
+# The share of the directory's room a vision model's encoded images may take (its kept prompts
+# the rest): 64 image tokens of the starter are 147 KB, its KV 1.5 MB.
+IMAGE_SHARE = 0.25
+# The disk thread's jobs that nobody waits for a result of: a failure is its log line alone.
+_UNANSWERED = ("delete", "acknowledge", "image", "drop image", "forget images")
 
 
 @dataclass(slots=True, frozen=True)
@@ -57,10 +73,11 @@ class DiskResult:
 
 class DiskTier:
     def __init__(self, root: Path, layout: KvLayout, bound: int, *,
-                 box_root: Path | None = None):  # fmt: skip
+                 box_root: Path | None = None, image_share: float = 0.0):  # fmt: skip
         """`root`: the worker's directory of kept prompts; `bound`: bytes, for every directory
         under `box_root` together (the directory of every worker's on this box; root alone
-        when None)."""
+        when None); `image_share`: the share of this directory's room kept for encoded images
+        (0: none are written; a model without a projector)."""
         self.root = Path(root)
         self.layout = layout
         self.bound = bound
@@ -77,6 +94,11 @@ class DiskTier:
         self.shrunk: Callable[[], None] = lambda: None
         self._ledger = Ledger(Path(box_root or root), self.directory, bound)
         self._files: dict[str, tuple[int, int]] = {}  # entry id -> (file bytes, state bytes)
+        if not 0.0 <= image_share < 1.0:
+            raise ValueError("the images' share is a fraction of the directory's room")
+        self.image_share = image_share
+        self._images: OrderedDict[Path, int] = OrderedDict()  # image file -> bytes, oldest first
+        self._images_bytes = 0
         self._refreshed_at = 0.0  # when the share was read last (disk thread)
         self.on_idle: Callable[[], None] = lambda: None  # the store's look for new forgets
         self.forgets_seen = 0  # the latest forget open() applied to the files (tiers.forgets)
@@ -105,6 +127,8 @@ class DiskTier:
         try:
             files.mark(self._lock_handle, "serving")
             for leftover in self.directory.glob(f"*{files.TEMPORARY}"):
+                leftover.unlink(missing_ok=True)
+            for leftover in self.directory.glob(f"{images.DIRECTORY}/*/*{images.TEMPORARY}"):
                 leftover.unlink(missing_ok=True)
             self._adopt_earlier_directories()
             entries = self._index(self._forgets_to_apply())
@@ -222,14 +246,29 @@ class DiskTier:
             log.info("kept prompts of %s: %s", self.layout.model_key[:12], self.note)
         # Most recently written last, so the store's LRU order starts as the disk's.
         entries.sort(key=lambda e: _mtime(files.entry_path(self.directory, e.id)))
+        self._index_images(forgotten)
         return entries
 
+    def _index_images(self, forgotten: list[forgets.Forget]) -> None:
+        """The images the directory holds, oldest first, those `forgotten` covers deleted
+        (each is checked when it is read)."""
+        for forget in forgotten:
+            images.forget(self.directory, forget.partition, everything=forget.everything)
+        for _, size, path in sorted(images.stored(self.directory)):
+            self._images[path] = size
+            self._images_bytes += size
+
     def _held(self) -> int:
-        return sum(size for size, _ in self._files.values())
+        return sum(size for size, _ in self._files.values()) + self._images_bytes
+
+    def _image_room(self) -> int:
+        return int(self._ledger.share * self.image_share)
 
     def _new_budget(self) -> None:
         """`budget` from the share read last; the store is told when it shrank."""
+        # Beside the entries' headers and token ids, the images' room, or what they hold.
         overhead = sum(size - state for size, state in self._files.values())
+        overhead += max(self._images_bytes, self._image_room())
         room_for_next = files.HEADER_ROOM + 4 * self.layout.ctx_per_seq
         budget = max(0, self._ledger.share - overhead - room_for_next)
         shrank, self.budget = budget < self.budget, budget
@@ -246,6 +285,40 @@ class DiskTier:
 
     def delete(self, entry: KvEntry) -> None:
         self._submit(("delete", entry, None))
+
+    def write_image(self, partition: str | None, key: str, embeddings: np.ndarray) -> None:
+        """(The encoder thread.) Keep an image's embeddings, written on this tier's thread."""
+        if self._thread is None or not self.image_share:
+            return
+        # A forget recorded after this is read covers the image (the encoder has just made it
+        # for a request of that partition): the write then does not happen.
+        try:
+            seen = forgets.last(self.root)
+        except OSError as exc:  # an unreadable log: kept in RAM only, the request goes on
+            log.warning("encoded image %s not kept on disk: %s", key[:12], exc)
+            return
+        self._submit(("image", None, (partition, key, embeddings, seen)))
+
+    def read_image(self, partition: str | None, key: str, rows: int,
+                   cols: int) -> np.ndarray | None:  # fmt: skip
+        """(The encoder thread.) An image's embeddings as they were written, rows x cols, or
+        None: none kept, or a bad file, which this tier's thread deletes."""
+        if self._thread is None:
+            return None
+        try:
+            path = images.image_path(self.directory, partition, key)
+            return images.read(path, key, rows, cols)
+        except FileNotFoundError:
+            return None
+        except images.BadImage as exc:
+            log.warning("encoded image %s is unusable (%s): deleted; it is encoded again",
+                        path.name, exc)  # fmt: skip
+            self._submit(("drop image", None, path))
+            return None
+
+    def forget_images(self, partition: str | None, *, everything: bool = False) -> None:
+        """Delete a partition's images (everything: all), after the jobs queued so far."""
+        self._submit(("forget images", None, (partition, everything)))
 
     def acknowledge(self, seq: int) -> None:
         """Say in the directory that its entries are forgotten up to `seq`, once the jobs
@@ -275,6 +348,7 @@ class DiskTier:
         except OSError as exc:
             log.warning("kept prompts: cannot read the disk ledger: %s", exc)
             return
+        self._trim_images(0)  # the share shrank (a runner opened beside this one), theirs too
         self._new_budget()
 
     def close(self) -> None:
@@ -311,7 +385,7 @@ class DiskTier:
                 seconds = time.perf_counter() - started
                 # A deletion's or an acknowledgement's failure is the log line alone: nothing
                 # waits for it (a forget not said applied is applied again, to nothing).
-                failed = op in ("delete", "acknowledge")
+                failed = op in _UNANSWERED
                 result = None if failed else DiskResult(op, entry, False, seconds, error=str(exc))
             if result is not None:
                 try:
@@ -335,6 +409,18 @@ class DiskTier:
     def _run(self, op: str, entry: KvEntry, data, started: float) -> DiskResult | None:
         if op == "acknowledge":
             forgets.mark_applied(self.directory, data)
+            return None
+        if op == "image":
+            self._write_image(*data)
+            return None
+        if op == "drop image":
+            self._drop_images([data])
+            return None
+        if op == "forget images":
+            partition, everything = data
+            images.forget(self.directory, partition, everything=everything)
+            name = images.partition_name(partition)
+            self._drop_images([p for p in self._images if everything or p.parent.name == name])
             return None
         path = files.entry_path(self.directory, entry.id)
         if op == "delete":
@@ -381,6 +467,51 @@ class DiskTier:
         self._files[entry.id] = (size, entry.n_bytes)
         self._settle()
         return DiskResult(op, entry, True, time.perf_counter() - started)
+
+    def _write_image(self, partition: str | None, key: str, embeddings: np.ndarray,
+                     seen: int) -> None:  # fmt: skip
+        """Reserve an image file's bytes in the ledger, within the images' room (the oldest
+        out first), write it, say what the directory holds."""
+        recorded = forgets.read(self.root, after=seen)
+        if any(f.covers(self.layout.model_key, partition) for f in recorded):
+            return  # forgotten since it was encoded
+        path = images.image_path(self.directory, partition, key)
+        if path in self._images:  # two requests encoded it at once
+            return
+        n = images.file_size(key, embeddings)
+        if n > self._image_room():
+            return
+        self._trim_images(n)
+        if not self._ledger.reserve(self._held(), n):
+            self._new_budget()
+            log.debug("encoded image %s not written: the disk bound is full", key[:12])
+            return
+        try:
+            size = images.write(path, key, embeddings)
+        except OSError as exc:
+            self._settle()
+            log.warning("could not write encoded image %s to %s: %s", key[:12], path.parent, exc)
+            return
+        self._images[path] = size
+        self._images_bytes += size
+        self._settle()
+
+    def _trim_images(self, n: int) -> None:
+        """The oldest images go until n more bytes fit the images' room."""
+        oldest, excess = [], self._images_bytes + n - self._image_room()
+        for old, size in self._images.items():
+            if excess <= 0:
+                break
+            oldest.append(old)
+            excess -= size
+        if oldest:
+            self._drop_images(oldest)
+
+    def _drop_images(self, paths: list[Path]) -> None:
+        for path in paths:
+            path.unlink(missing_ok=True)
+            self._images_bytes -= self._images.pop(path, 0)
+        self._settle()
 
     def _settle(self) -> None:
         self._refreshed_at = time.monotonic()

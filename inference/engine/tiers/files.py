@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.engine.tiers import forgets
+from inference.engine.tiers import forgets, images
 from inference.engine.tiers.entries import KvEntry, KvLayout
 
 log = logging.getLogger(__name__)
@@ -248,11 +248,11 @@ def is_locked(directory: Path) -> bool:
 
 def forget(worker_dir: Path, forget: forgets.Forget, *, wait_s: float = 0.0) -> int:
     """Do a recorded forget (tiers.forgets.record) in every layout directory of its models
-    under a worker's directory; returns the entry files deleted here. A directory nobody holds
-    is done here, under its lock (with every recorded forget it has not applied). One a runner
-    holds is that runner's to do (it applies the record: a store serving, starting or stopping
-    alike) and is waited for, up to `wait_s`, until it says it has, or lets go (then it is done
-    here). A directory that is not done by then is done by whoever opens it next."""
+    under a worker's directory; returns the files (entries, images) deleted here. A directory
+    nobody holds is done here, under its lock (with every recorded forget it has not applied).
+    One a runner holds is that runner's to do (it applies the record: a store serving, starting
+    or stopping alike) and is waited for, up to `wait_s`, until it says it has, or lets go (then
+    it is done here). A directory that is not done by then is done by whoever opens it next."""
     worker_dir = Path(worker_dir)
     models = ([worker_dir / key for key in forget.models] if forget.models
               else sorted(p for p in worker_dir.glob("*") if p.is_dir()))  # fmt: skip
@@ -316,10 +316,10 @@ def _release(directory: Path) -> None:
 
 
 def apply_forgets(worker_dir: Path, directory: Path) -> int:
-    """(Under the directory's lock, which the caller holds.) Delete the entries the recorded
-    forgets it has not applied cover, and say so; returns the files deleted. A directory whose
-    every entry goes is renamed before it is deleted, so a kill midway leaves nothing under a
-    layout's name."""
+    """(Under the directory's lock, which the caller holds.) Delete the entries and images the
+    recorded forgets it has not applied cover, and say so; returns the files deleted. A
+    directory whose every entry goes is renamed before it is deleted, so a kill midway leaves
+    nothing under a layout's name."""
     done = forgets.applied(directory)
     recorded = forgets.read(worker_dir, after=done)
     if not recorded:
@@ -327,12 +327,13 @@ def apply_forgets(worker_dir: Path, directory: Path) -> int:
     model = directory.parent.name
     mine = [f for f in recorded if f.concerns(model)]
     if any(f.everything for f in mine):
-        paths = entry_files(directory)
+        paths = entry_files(directory) + [path for _, _, path in images.stored(directory)]
         trash = directory.with_name(f"{TRASH}{os.getpid()}-{time.monotonic_ns()}")
         directory.rename(trash)
         shutil.rmtree(trash, ignore_errors=True)
         return len(paths)
-    deleted = 0
+    # A partition's images go with its kept prompts (tiers.images).
+    deleted = sum(images.forget(directory, partition) for partition in {f.partition for f in mine})
     for path in entry_files(directory):
         partition = _partition_of(path)
         if mine and (partition is _UNREADABLE or any(f.covers(model, partition) for f in mine)):
@@ -385,8 +386,9 @@ def _header_of(path: Path) -> dict | None:
 
 
 def stored(directory: Path) -> Iterator[tuple[int, int, Path]]:
-    """(modification time, size, path) of every entry and temporary file in a directory:
-    what it takes on the disk. Files that vanish meanwhile are skipped."""
+    """(modification time, size, path) of every entry, image (tiers.images) and temporary file
+    in a layout directory: what it takes on the disk. Files that vanish meanwhile are skipped."""
+    yield from images.stored(directory)
     try:
         paths = [p for p in directory.iterdir() if p.suffix in (SUFFIX, TEMPORARY)]
     except OSError:  # gone, or another user's: nothing this process can count or remove

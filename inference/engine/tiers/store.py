@@ -21,7 +21,10 @@
    disk before the runner stops, most recently used first. Forgets recorded in the worker's log
    (tiers.forgets) are applied by `apply_forgets()`: by the engine between steps when the disk
    thread sees a new one (`on_forgets`), by the disk thread itself when no engine serves (before
-   it starts, after it stopped), and by `flush()` before it writes anything.
+   it starts, after it stopped), and by `flush()` before it writes anything. A partition's
+   encoded images on disk go with its entries.
+5. `read_image()` and `write_image()` are the image encoder's way to the disk tier's images
+   (DiskTier.read_image), whichever disk tier the store has now (one taken over late included).
 
 The RAM bound holds for what this process holds, not just for what the index says: `ram_used`
 counts the states in RAM, those being written (until written, and a dropped entry's until its
@@ -451,6 +454,8 @@ class PromptStore:
             for entry in gone:
                 self._remove(entry)
             self.counts["forgotten"] += len(gone)
+            if self.disk is not None:
+                self.disk.forget_images(partition, everything=everything)
         return len(gone)
 
     def flush(self, timeout: float) -> int:
@@ -504,9 +509,23 @@ class PromptStore:
             self.counts["forgotten"] += len(gone)
             self._forgets_seen = max(self._forgets_seen, recorded[-1].seq)
             if self.disk is not None:
+                for forget in mine:
+                    self.disk.forget_images(forget.partition, everything=forget.everything)
                 self.disk.acknowledge(self._forgets_seen)
             self._lock.notify_all()
         return mine
+
+    # --- 5. encoded images -------------------------------------------------------------------
+
+    def read_image(self, partition: str | None, key: str, rows: int,
+                   cols: int) -> np.ndarray | None:  # fmt: skip
+        disk = self.disk
+        return None if disk is None else disk.read_image(partition, key, rows, cols)
+
+    def write_image(self, partition: str | None, key: str, embeddings: np.ndarray) -> None:
+        disk = self.disk
+        if disk is not None:
+            disk.write_image(partition, key, embeddings)
 
     def close(self) -> None:
         self._closed = True

@@ -4,13 +4,17 @@ the model says it takes images, an image adds its tokens to the prompt and chang
 the same picture again is read from the cache, and bad pictures cost their request only."""
 
 import base64
+import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import ollama
 import openai
+import psutil
 import pytest
 
+from tests.inference.engine.picture_decoders import wait_until_the_pipe_holds
 from tests.inference.projector_gguf import IMAGE_TOKENS, picture, write_projector
 from tests.live import LiveAppliance
 
@@ -114,3 +118,48 @@ def test_bad_pictures_are_refused_and_the_next_request_is_answered(served):
     good = chat("data:image/png;base64," + base64.b64encode(png(6)).decode())
     assert good.status_code == 200, good.text
     assert good.json()["choices"][0]["message"]["content"]
+
+
+def picture_decoder(appliance) -> psutil.Process:
+    """The served runner's picture decoder process (inference.engine.picture_decoder)."""
+    for child in psutil.Process(appliance.process.pid).children(recursive=True):
+        if "inference.engine.picture_decoder" in " ".join(child.cmdline()):
+            return child
+    raise AssertionError("the runner has no picture decoder process")
+
+
+def test_a_decoder_killed_before_it_read_a_picture_is_replaced_and_the_picture_answered(served):
+    """Pictures are decoded in a process of the runner's own. Frozen with a picture waiting
+    for it and then killed (as the OOM killer might), the decoder is replaced: the picture was
+    never in its hands, so it is decoded by the next one and answered, and the runner (the
+    same process) never noticed. (A decoder that dies on a picture it holds fails that request
+    alone: tests/inference/serving/test_llama_runners.py.)"""
+    appliance, key = served
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def describe(data: bytes) -> httpx.Response:
+        url = "data:image/png;base64," + base64.b64encode(data).decode()
+        body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is it?"},
+            {"type": "image_url", "image_url": {"url": url}}]}]}  # fmt: skip
+        return httpx.post(f"{appliance.url}/v1/chat/completions", json=body, headers=headers,
+                          timeout=120)  # fmt: skip
+
+    assert describe(png(8)).status_code == 200  # the model is loaded, its decoder started
+    decoder = picture_decoder(appliance)
+    runner = decoder.parent()
+    waiting = png(9)
+    decoder.send_signal(signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(describe, waiting)
+            wait_until_the_pipe_holds(decoder, 0, 8 + len(waiting))  # its length, its bytes
+            decoder.send_signal(signal.SIGKILL)
+            answered = answer.result()
+    finally:
+        if decoder.is_running():
+            decoder.send_signal(signal.SIGKILL)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["choices"][0]["message"]["content"]
+    replacement = picture_decoder(appliance)
+    assert replacement.pid != decoder.pid and replacement.parent().pid == runner.pid

@@ -348,10 +348,12 @@ class FakeVisionRunner(FakeRunner):
     takes_images = True
     image_problem = None
 
-    def __init__(self, *, image_tokens: int = 8, whole: bool = False, **kwargs):
+    def __init__(self, *, image_tokens: int = 8, whole: bool = False, mrope: bool = False,
+                 **kwargs):  # fmt: skip
         super().__init__(**kwargs)
         self.image_tokens = image_tokens
         self.whole = whole
+        self.mrope = mrope  # images carry M-RoPE positions (one row of them: still indexes)
         self.encoded: list[str] = []  # image digests, one per encode
         self.encode_gate: threading.Event | None = None  # when set up, encodes wait for it
         self.encoding = threading.Event()  # set once an encode has begun
@@ -360,6 +362,9 @@ class FakeVisionRunner(FakeRunner):
 
     def share_cores(self, encoding: bool) -> None:
         self.shared.append(encoding)
+
+    def hold(self, seq_id: int, spans) -> None:
+        pass  # an image's positions are its indexes here, as without M-RoPE
 
     def read_images(self, prompt: str, images, add_special: bool):
         ids, spans = [], []
@@ -370,8 +375,15 @@ class FakeVisionRunner(FakeRunner):
                     raise Refused("the image could not be decoded", kind=RefusalKind.INVALID,
                                   field="images")  # fmt: skip
                 key = image_key("fake projector", images[n].digest)
-                spans.append(ImageSpan(len(ids), self.image_tokens, key, images[n].digest,
-                                       self.whole))  # fmt: skip
+                n_tokens = self.image_tokens
+                mrope = None
+                if self.mrope:  # t, y, x, z as libmtmd places a 1 x n_tokens image
+                    offsets = np.zeros((4, n_tokens), dtype=np.int32)
+                    offsets[2] = np.arange(n_tokens)
+                    mrope = (offsets, np.array([[1], [1], [1], [0]], dtype=np.int32)
+                             .repeat(n_tokens, axis=1))  # fmt: skip
+                spans.append(ImageSpan(len(ids), n_tokens, key, images[n].digest, self.whole,
+                                       n_pos=n_tokens, mrope=mrope))  # fmt: skip
                 ids += media_ids(key, self.image_tokens)
         return MediaPrompt(ids, spans)
 

@@ -7,7 +7,6 @@ One runner with the projector is loaded per module; each test uses its own pictu
 questions, so the encoder cache and the prefix cache only help where a test wants them to.
 """
 
-import ctypes
 import hashlib
 import shutil
 import struct
@@ -23,6 +22,7 @@ from inference.engine.generation import GenerationRequest
 from inference.engine.media import MEDIA_MARKER, Image
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.vision import image_key
+from tests.inference.mtmd_reference import llama_cpps_own_answer
 from tests.inference.projector_gguf import IMAGE_TOKENS, picture, write_projector
 
 pytestmark = pytest.mark.model
@@ -77,64 +77,6 @@ def answer(engine, prompt, media, params=GREEDY, **fields):
         if final.type == "token" and final.token_id >= 0:
             ids.append(final.token_id)
     return final, ids
-
-
-def llama_cpps_own_answer(runner, paths, prompt: str, media: list[Image], n: int) -> list[int]:
-    """The greedy tokens llama.cpp's own image path gives: libmtmd tokenizes the prompt with
-    its pictures and mtmd_helper_eval_chunks reads them into a fresh one-sequence context."""
-    import llama_cpp as ll
-    import llama_cpp.mtmd_cpp as mt
-
-    params = mt.mtmd_context_params_default()
-    params.use_gpu = False
-    params.n_threads = 2
-    params.print_timings = False
-    mctx = mt.mtmd_init_from_file(paths[1].encode(), runner.model, params)
-    assert mctx
-    cparams = ll.llama_context_default_params()
-    cparams.n_ctx = 1024
-    cparams.n_batch = cparams.n_ubatch = 512
-    cparams.n_seq_max = 1
-    cparams.n_threads = cparams.n_threads_batch = 2
-    cparams.kv_unified = False
-    cparams.flash_attn_type = ll.LLAMA_FLASH_ATTN_TYPE_AUTO
-    ctx = ll.llama_init_from_model(runner.model, cparams)
-    chunks = mt.mtmd_input_chunks_init()
-    bitmaps = []
-    try:
-        for picture_ in media:
-            data = (ctypes.c_uint8 * len(picture_.data)).from_buffer_copy(picture_.data)
-            bitmaps.append(mt.mtmd_helper_bitmap_init_from_buf(mctx, data, len(picture_.data),
-                                                               False))  # fmt: skip
-        text = prompt.encode()
-        inp = mt.mtmd_input_text(text, len(text), True, True)
-        array = (mt.mtmd_bitmap_p_ctypes * len(bitmaps))(*bitmaps)
-        assert mt.mtmd_tokenize(mctx, chunks, ctypes.byref(inp), array, len(bitmaps)) == 0
-        n_past = ll.llama_pos(0)
-        assert mt.mtmd_helper_eval_chunks(mctx, ctx, chunks, 0, 0, 512, True,
-                                          ctypes.byref(n_past)) == 0  # fmt: skip
-        sampler = ll.llama_sampler_init_greedy()
-        batch = ll.llama_batch_init(1, 0, 1)
-        out = []
-        position = n_past.value
-        for _ in range(n):
-            token = ll.llama_sampler_sample(sampler, ctx, -1)
-            if ll.llama_vocab_is_eog(runner.vocab, token):
-                break
-            out.append(token)
-            batch.token[0], batch.pos[0], batch.n_seq_id[0] = token, position, 1
-            batch.seq_id[0][0], batch.logits[0], batch.n_tokens = 0, 1, 1
-            assert ll.llama_decode(ctx, batch) == 0
-            position += 1
-        ll.llama_batch_free(batch)
-        ll.llama_sampler_free(sampler)
-        return out
-    finally:
-        for bitmap in bitmaps:
-            mt.mtmd_bitmap_free(bitmap)
-        mt.mtmd_input_chunks_free(chunks)
-        ll.llama_free(ctx)
-        mt.mtmd_free(mctx)
 
 
 def test_the_runner_says_it_takes_images_and_how_many_tokens_each_is(runner):
@@ -233,6 +175,48 @@ def test_a_corrupt_picture_fails_that_request_only(engine):
     assert "could not be decoded" in final.message
     good, _ = answer(engine, chat("And this one?"), [image(109)])
     assert good.type == "done" and good.text
+
+
+def test_a_decoder_that_dies_on_a_picture_costs_that_answer_only(paths, extra_bufts):
+    """The pictures are decoded in the runner's decoder process: one that kills it (os.abort
+    there, as a native crash on hostile bytes would) fails its own request with a clear error,
+    while a text stream of the same engine finishes its answer as it would have alone, and the
+    next picture is read by a new decoder."""
+    from inference.engine.picture_decoder import PictureDecoder
+    from inference.engine.runner import LlamaRunner
+    from inference.engine.runner_config import RunnerConfig
+    from tests.inference.engine.picture_decoders import POISON, aborts_on_poison
+
+    pictures = PictureDecoder(aborts_on_poison)
+    runner = LlamaRunner(RunnerConfig(model_path=paths[0], mmproj_path=paths[1], ctx_per_seq=512,
+                                      parallel=2, n_threads=2, use_extra_bufts=extra_bufts),
+                         pictures=pictures)  # fmt: skip
+    engine = Engine(runner, itl_target=0.1).start()
+    try:
+        counting = (
+            "<|im_start|>user\nCount from one to forty in words.<|im_end|>\n<|im_start|>assistant\n"
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=80)
+        alone, alone_ids = answer(engine, counting, [], params)
+        stream = engine.submit(GenerationRequest(counting, params))
+        events = stream.events(timeout=120)
+        ids = [next(e for e in events if e.type == "token" and e.token_id >= 0).token_id]
+        first_decoder = pictures.pid
+        hostile = Image.from_bytes(picture(64, 48, seed=114) + POISON)
+        crashed, _ = answer(engine, chat("What is this?"), [hostile])
+        assert crashed.type == "error" and crashed.code == RefusalKind.INVALID
+        assert "the image could not be decoded" in crashed.message
+        assert "died" in crashed.message and "unreadable" in crashed.message
+        final = None
+        for final in events:
+            if final.type == "token" and final.token_id >= 0:
+                ids.append(final.token_id)
+        assert final.type == "done" and ids == alone_ids and final.text == alone.text
+        good, good_ids = answer(engine, chat("And this one?"), [image(114)])
+        assert good.type == "done" and good_ids
+        assert pictures.restarts == 1 and pictures.pid != first_decoder
+    finally:
+        engine.shutdown()
 
 
 def test_a_picture_of_too_many_pixels_is_refused_before_it_is_decoded(engine):

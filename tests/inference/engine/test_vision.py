@@ -4,6 +4,7 @@ cut into steps, and the encoder phase (tests/inference/engine/fakes.py's FakeVis
 import struct
 import threading
 
+import numpy as np
 import pytest
 
 from inference.engine import Engine, GenerationRequest, SamplingParams
@@ -16,9 +17,12 @@ from inference.engine.vision import (
     ImageSpan,
     check_pictures,
     chunk_length,
+    first_position,
     image_key,
+    kv_position,
     media_ids,
     picture_size,
+    reusable,
 )
 from tests.inference.projector_gguf import picture
 
@@ -105,6 +109,68 @@ def test_an_image_read_whole_waits_rather_than_stretch_a_persons_step():
     assert chunk_length(whole, 10, 12, may_exceed=False) == 10  # it fits: it goes
 
 
+def qwen_image(start: int, nx: int, ny: int) -> ImageSpan:
+    """An M-RoPE image of nx x ny rows placed as libmtmd places Qwen2-VL's: each row at the
+    image's first position in t, plus its row in y and its column in x; z unused."""
+    n = nx * ny
+    i = np.arange(n)
+    offsets = np.stack([np.zeros(n), i // nx, i % nx, np.zeros(n)]).astype(np.int32)
+    steps = np.repeat(np.array([[1], [1], [1], [0]], dtype=np.int32), n, axis=1)
+    return ImageSpan(start, n, f"k{start}", "d", n_pos=max(nx, ny), mrope=(offsets, steps))
+
+
+# 5 text tokens, a 4 x 2 image (8 tokens, 4 positions), 3 text, a 2 x 3 image (6, 3), text.
+MROPE_PROMPT = [qwen_image(5, 4, 2), qwen_image(16, 2, 3)]
+
+
+def test_without_mrope_a_tokens_kv_position_is_its_index():
+    assert [kv_position(spans((10, 10), (25, 5)), i) for i in range(40)] == list(range(40))
+    assert kv_position(None, 17) == 17 and kv_position([], 17) == 17
+
+
+@pytest.mark.parametrize("index, position", [
+    (0, 0), (4, 4),  # text before any image
+    (5, 5), (9, 5), (12, 5),  # every row of the first image sits at its first position
+    (13, 9), (15, 11),  # text after it: the image took max(4, 2) = 4 positions, not 8
+    (16, 12), (21, 12),  # the second image, after 4 + 3 skipped
+    (22, 15), (30, 23),  # text after both (and an answer's tokens)
+])  # fmt: skip
+def test_an_mrope_image_takes_its_longer_sides_positions_and_its_rows_share_the_first(
+    index, position
+):
+    assert kv_position(MROPE_PROMPT, index) == position
+
+
+def test_an_mrope_images_rows_are_placed_by_row_and_column_from_its_first_position():
+    first, second = MROPE_PROMPT
+    assert first_position(MROPE_PROMPT, first) == 5
+    assert first_position(MROPE_PROMPT, second) == 12
+    # llama.cpp's sections t, y (row), x (column), z; row 5 of a 4-wide image is (1, 1).
+    assert first.row_positions(5, 5, 6)[:, 0].tolist() == [5, 6, 6, 0]
+    assert second.row_positions(12, 0, 6).tolist() == [
+        [12] * 6, [12, 12, 13, 13, 14, 14], [12, 13, 12, 13, 12, 13], [0] * 6]  # fmt: skip
+
+
+@pytest.mark.parametrize("cached, kept", [
+    (4, 4), (5, 5),  # before the image, or up to its start
+    (6, 5), (12, 5),  # inside it: the image is read again whole
+    (13, 13), (18, 16), (25, 25),  # after it; inside the second one; after both
+])  # fmt: skip
+def test_a_cached_prefix_keeps_an_mrope_image_whole_or_not_at_all(cached, kept):
+    assert reusable(MROPE_PROMPT, cached) == kept
+
+
+def test_a_cached_prefix_may_end_inside_an_image_without_mrope():
+    assert reusable(spans((5, 8)), 9) == 9 and reusable(None, 9) == 9
+
+
+def test_a_cached_prefix_keeps_an_image_the_projector_reads_whole_whole_or_not_at_all():
+    # Gemma 3's projector reads an image non-causally: the KV of its first rows was computed
+    # seeing the rest, so a prefix cut inside it cannot be continued by feeding the rest.
+    assert reusable(spans((5, 8), whole=True), 9) == 5
+    assert reusable(spans((5, 8), whole=True), 13) == 13
+
+
 def test_the_encoder_cache_drops_the_least_recently_used_beyond_its_bound():
     import numpy as np
 
@@ -158,10 +224,10 @@ def test_a_text_only_model_refuses_images_naming_the_model(start_engine):
 
 def test_a_projector_the_engine_cannot_feed_refuses_images_saying_why(start_engine):
     runner = FakeVisionRunner()
-    runner.image_problem = "its projector needs M-RoPE image positions (Qwen2-VL style)"
+    runner.image_problem = "its projector has no vision encoder"
     engine = start_engine(runner)
-    with pytest.raises(Refused, match="qwen2-vl does not take images: .*M-RoPE") as refused:
-        engine.submit(GenerationRequest(MEDIA_MARKER + "?", media=(image(1),), model="qwen2-vl"))
+    with pytest.raises(Refused, match="ultravox does not take images: .*no vision") as refused:
+        engine.submit(GenerationRequest(MEDIA_MARKER + "?", media=(image(1),), model="ultravox"))
     assert refused.value.kind == RefusalKind.INVALID
 
 
@@ -193,6 +259,22 @@ def test_an_image_the_projector_wants_whole_goes_in_one_step(start_engine):
     assert runner.violations == []
     sizes = [n for _, _, _, n, _ in runner.chunks_of(handle.id)]
     assert 12 in sizes  # the image, alone in its step
+
+
+@pytest.mark.parametrize("mrope", [False, True])
+def test_a_cached_prefix_keeps_an_mrope_image_whole_when_the_prompt_ends_inside_it(
+    start_engine, mrope
+):
+    # Asked again, a prompt that ends on its picture has all but its last token cached; with
+    # M-RoPE that token's image is read again whole (its rows share one KV position).
+    runner = FakeVisionRunner(image_tokens=6, mrope=mrope)
+    engine = start_engine(runner)
+    prompt = "describe: " + MEDIA_MARKER
+    for _ in range(2):
+        again = submit(engine, prompt, [image(9)], cache_key="tail").result(timeout=10)
+    assert again.type == "done" and runner.violations == []
+    assert again.figures["cached_tokens"] == (len("describe: ") if mrope else
+                                              len("describe: ") + 6 - 1)  # fmt: skip
 
 
 def test_the_same_image_again_is_not_encoded_again(start_engine):

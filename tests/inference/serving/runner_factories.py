@@ -31,3 +31,13 @@ def segfaults_always(config) -> FakeRunner:
 def refuses(config) -> FakeRunner:
     """A load that fails cleanly, as llama.cpp refusing a file does."""
     raise RuntimeError("llama.cpp could not load the model")
+
+
+def llama_with_an_aborting_picture_decoder(config):
+    """The real runner, whose picture decoder process dies (SIGABRT) on a poisoned picture
+    (tests.inference.engine.picture_decoders), as stb_image would on hostile bytes."""
+    from inference.engine.picture_decoder import PictureDecoder
+    from inference.engine.runner import LlamaRunner
+    from tests.inference.engine.picture_decoders import aborts_on_poison
+
+    return LlamaRunner(config, pictures=PictureDecoder(aborts_on_poison))

@@ -99,6 +99,53 @@ def test_a_segfault_mid_answer_ends_it_with_the_reason_and_the_next_request_is_s
     assert runner_pid(supervisor, "smol") not in (None, pid)
 
 
+def test_a_picture_that_kills_the_runners_decoder_fails_alone_and_the_runner_goes_on(
+    tmp_path, starter_path, extra_bufts
+):
+    """The runner decodes pictures in a decoder process of its own: one that dies on a picture
+    fails that request with a clear "invalid" error, while the runner process (the same pid)
+    finishes a stream it was serving and reads the next picture."""
+    from inference.engine.generation import GenerationRequest
+    from inference.engine.media import MEDIA_MARKER, Image
+    from inference.engine.refusals import RefusalKind
+    from tests.inference.engine.picture_decoders import POISON
+    from tests.inference.projector_gguf import picture, write_projector
+
+    factory = "tests.inference.serving.runner_factories:llama_with_an_aborting_picture_decoder"
+    supervisor = RunnerSupervisor(state_dir=tmp_path, runner_factory=factory)
+    host = EngineHost(engine_factory=supervisor.start, max_loaded=1)
+    projector = write_projector(tmp_path / "mmproj.gguf", starter_path)
+    config = RunnerConfig(str(starter_path), mmproj_path=str(projector), ctx_per_seq=512,
+                          parallel=2, cache_slots=1, n_threads=2,
+                          use_extra_bufts=extra_bufts)  # fmt: skip
+    spec = ModelSpec("smol-vision", config, -1)
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+
+    def pictured(data: bytes):
+        prompt = CHAT.format(question=f"What is this?\n{MEDIA_MARKER}")
+        request = GenerationRequest(prompt, greedy, media=(Image.from_bytes(data),))
+        return host.submit(spec, request).result(timeout=120)
+
+    try:
+        counting = CHAT.format(question="Count from one to forty in words.")
+        stream = host.submit(spec, ask(counting, SamplingParams(temperature=0, max_tokens=80)))
+        events = stream.events(timeout=120)
+        assert next(e for e in events if e.type == "token")
+        pid = runner_pid(supervisor, "smol-vision")
+        crashed = pictured(picture(64, 48, seed=21) + POISON)
+        assert crashed.type == "error" and crashed.code == RefusalKind.INVALID
+        assert "the image could not be decoded" in crashed.message
+        final = None
+        for final in events:  # noqa: B007 - the last event is the stream's end
+            pass
+        assert final.type == "done" and final.text
+        good = pictured(picture(64, 48, seed=21))
+        assert good.type == "done" and good.text
+        assert runner_pid(supervisor, "smol-vision") == pid
+    finally:
+        host.shutdown()
+
+
 def test_two_models_loaded_at_once_both_answer_from_their_own_processes(
     host, supervisor, model_spec
 ):
