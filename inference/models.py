@@ -4,6 +4,7 @@ from django.db import models
 from django.db.models.functions import Lower
 
 from inference.catalog.netguard import redact_url
+from inference.engine.reranking import RANK_POOLING
 from inference.gguf import fim_tokens
 
 SERVING_RELATED = ("base", "draft", "base__draft", "projector", "base__projector")
@@ -189,6 +190,14 @@ class LLMModel(models.Model):
         """Whether it can fill in the middle (Ollama's capability "insert"): its vocabulary has
         the prefix, suffix and middle tokens."""
         return all(role in self.fim_tokens for role in fim_tokens.REQUIRED)
+
+    @property
+    def is_reranker(self) -> bool:
+        """Whether its GGUF says pooling type rank (inference.engine.reranking): it scores
+        documents against a query, and neither generates nor embeds."""
+        keys = (self.weights.metadata or {}).get("keys") or {}
+        arch = keys.get("general.architecture") or self.weights.architecture
+        return keys.get(f"{arch}.pooling_type") == RANK_POOLING
 
     @property
     def weights(self) -> "LLMModel":

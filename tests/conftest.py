@@ -10,8 +10,8 @@ import pytest
 from inference.catalog.starter import starter_model_path
 
 # Split mode's harness (real Redis, real inference workers), for the tests of every folder
-# that runs split mode (the Makefile's SPLIT_TESTS).
-pytest_plugins = ["tests.split.fixtures"]
+# that runs split mode (the Makefile's SPLIT_TESTS); rerankers made from the starter model.
+pytest_plugins = ["tests.split.fixtures", "tests.rerankers"]
 
 
 @pytest.fixture(scope="session")

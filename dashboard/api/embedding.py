@@ -1,7 +1,8 @@
 """Embeddings, the steps the dialects share (OpenAI's /v1/embeddings in openai/, Ollama's
 /api/embed and /api/embeddings in ollama/), and the bounds their bodies share.
 
-Any registered model embeds, in its runner process (inference.serving.embeds): a text is
+Any registered model but a reranker embeds, in its runner process (inference.serving.embeds; a
+reranker scores documents on the same path instead: dashboard.api.rerank): a text is
 tokenized with the model's own tokenizer and pooled the model's way (mean where the GGUF names
 none). /api/embed and /v1/embeddings give vectors of Euclidean length 1, as Ollama and OpenAI
 do; /api/embeddings, Ollama's older endpoint, gives the raw pooled vector, as Ollama does.
@@ -66,9 +67,13 @@ TokenArrays = Annotated[
 
 
 async def embed(
-    model: LLMModel, inputs: list, *, truncate: bool, keep_alive: float | None = None
+    model: LLMModel, inputs: list, *, truncate: bool, keep_alive: float | None = None,
+    query: str | None = None, truncate_left: bool = False,
 ) -> EmbedResult:
-    job = EmbedJob(model.name, inputs, truncate=truncate, keep_alive=keep_alive)
+    """The vectors of `inputs`, or with a `query` a reranker's score of each
+    (dashboard.api.rerank)."""
+    job = EmbedJob(model.name, inputs, truncate=truncate, keep_alive=keep_alive, query=query,
+                   truncate_left=truncate_left)  # fmt: skip
     try:
         return await get_client().embed(job, spec_for(model))
     except EmbedError as exc:

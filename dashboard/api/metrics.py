@@ -64,6 +64,12 @@ TOTALS = {
     "encode_seconds": ("appliance_image_encode_seconds",
                        "Seconds spent reading requests' images (decoding and encoding)."),
     "image_tokens": ("appliance_image_tokens", "Image positions in prompts read."),
+    "embedded_inputs": ("appliance_embedded_inputs", "Inputs embedded (each one pooled vector)."),
+    "embedded_tokens": ("appliance_embedded_tokens", "Tokens of the inputs embedded."),
+    "reranked_documents": ("appliance_reranked_documents",
+                           "Documents a reranker scored against a query."),
+    "reranked_tokens": ("appliance_reranked_tokens",
+                        "Tokens of the (query, document) pairs a reranker scored."),
 }  # fmt: skip
 
 # engine snapshot field → (gauge name, help)

@@ -10,6 +10,7 @@ import functools
 from django.http import HttpRequest, JsonResponse
 from pydantic.json_schema import models_json_schema
 
+from dashboard.api import rerank
 from dashboard.api.anthropic import schemas as anthropic
 from dashboard.api.auth import api_endpoint
 from dashboard.api.llama_server import completion as llama_completion
@@ -39,6 +40,7 @@ BODIES = {
     "DetokenizeRequest": llama_server.DetokenizeRequest,
     "InfillRequest": infill.InfillRequest,
     "LlamaCompletionRequest": llama_completion.LlamaCompletionRequest,
+    "RerankRequest": rerank.RerankRequest,
 }
 
 _OBJECT = {"type": "object"}
@@ -129,6 +131,14 @@ RESPONSES = {
                       "properties": {"object": {"const": "list"},
                                      "data": {"type": "array", "items": _OBJECT},
                                      "usage": _OBJECT}},
+    # Cohere's and Jina's object, or TEI's bare array when the body sent `texts`.
+    "Ranking": {"oneOf": [
+        {"type": "object", "required": ["model", "object", "usage", "results"],
+         "properties": {"object": {"const": "list"}, "usage": _OBJECT, "results": {
+             "type": "array", "items": {"type": "object", "required": ["index",
+                                                                       "relevance_score"]}}}},
+        {"type": "array", "items": {"type": "object", "required": ["index", "score"]}},
+    ]},
     "OllamaEmbeddings": {"type": "object", "required": ["model", "embeddings"],
                          "properties": {"embeddings": {"type": "array", "items": {
                              "type": "array", "items": {"type": "number"}}},
@@ -321,6 +331,11 @@ def build() -> dict:
             _json("Props"), errors=(401, 404, 429), tag="llama-server"),
             "parameters": [{"name": "model", "in": "query", "required": False,
                             "schema": {"type": "string"}}]}},
+        **{path: {"post": _operation(
+            "Scores of documents against a query by a reranker, best first (llama-server's "
+            "route; Cohere's and Jina's body, or TEI's with texts)", o, _json("Ranking"),
+            body="RerankRequest", errors=_GENERATION_ERRORS, tag="Reranking")}
+           for path in ("/v1/rerank", "/v1/reranking", "/rerank", "/reranking")},
         "/metrics": {"get": _operation(
             "Prometheus metrics (a key is needed unless METRICS_PUBLIC)", o,
             {"text/plain": {"schema": {"type": "string"}}}, tag="Monitoring")},

@@ -4,7 +4,7 @@ description."""
 
 from django.urls import path, re_path
 
-from dashboard.api import metrics, openapi
+from dashboard.api import metrics, openapi, rerank
 from dashboard.api.anthropic import views as anthropic
 from dashboard.api.errors import unknown_endpoint
 from dashboard.api.llama_server import completion, props
@@ -18,6 +18,7 @@ from dashboard.api.responses import views as responses
 # The API's paths outside /v1/ and /api/ (the gate holds them to their views' declarations too).
 ROOT_PATHS = ("/metrics", "/tokenize", "/detokenize", "/apply-template", "/infill",
               "/completion", "/props")  # fmt: skip
+ROOT_PATHS += ("/rerank", "/reranking")  # llama-server's reranking routes
 
 urlpatterns = [
     # OpenAI
@@ -53,6 +54,11 @@ urlpatterns = [
     # llama-server's completion and properties
     path("completion", completion.completion, name="llama_completion"),
     path("props", props.get_props, name="llama_props"),
+    # Reranking (llama-server's four paths; Cohere's, Jina's and TEI's bodies)
+    path("v1/rerank", rerank.rerank, name="rerank"),
+    path("v1/reranking", rerank.rerank, name="v1_reranking"),
+    path("rerank", rerank.rerank, name="rerank_root"),
+    path("reranking", rerank.rerank, name="reranking"),
     # Monitoring and description
     path("metrics", metrics.metrics, name="metrics"),
     path("api/openapi.json", openapi.openapi_json, name="openapi"),

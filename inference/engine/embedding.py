@@ -13,6 +13,9 @@ Rules, checked once, in the process that has the vocabulary (the runner's):
    each group is one llama_decode, each input its own sequence id. A text must give the same
    vector alone or with others (tested within 1e-5); on CPU that holds only with one input per
    decode (runner.EMBED_MAX_SEQS says why), so that is what the runner asks for.
+4. A request is computed TURN_INPUTS inputs at a time, each turn queued behind whatever the
+   engine thread was asked meanwhile: requests computed at once take turns, so a short one (a
+   reranking of 5 documents) is not held behind a long one (1,000) for its whole length.
 """
 
 import array
@@ -29,6 +32,7 @@ from inference.engine.refusals import RefusalKind, Refused
 
 MAX_INPUTS = 512  # per request; OpenAI allows 2048, but one request should not hold a model long
 MAX_TOTAL_TOKENS = 300_000  # over every input of a request (OpenAI's own per-request limit)
+TURN_INPUTS = 8  # inputs computed per turn on the engine thread (rule 4)
 
 
 class EmbeddingFailed(Refused, RuntimeError):
@@ -138,22 +142,49 @@ def pack(sequences: list[list[int]], max_tokens: int, max_seqs: int) -> list[lis
     return groups
 
 
-def start(engine, inputs: list[str | list[int]], *, truncate: bool) -> Future:
+def start(
+    engine, inputs: list[str | list[int]], *, truncate: bool, query: str | None = None,
+    truncate_left: bool = False,
+) -> Future:  # fmt: skip
     """Check and tokenize `inputs` on this thread (raising InvalidParams or PromptTooLong at
     once), then embed them on the engine's thread, between steps, never beside a decode of the
-    same model. The Future's result is an Embedding."""
+    same model. With a `query`, the inputs are documents that a reranker scores against it
+    (inference.engine.reranking): one float per document. The Future's result is an Embedding."""
+    from inference.engine import reranking  # that module builds on this one
+
     runner = engine.runner
     limit = getattr(runner, "embed_limit", 0)
     if not limit:
         raise InvalidParams("model", "this runner cannot compute embeddings")
-    sequences = prepare(inputs, runner.tokenize, n_vocab=runner.n_vocab, limit=limit,
-                        truncate=truncate)  # fmt: skip
+    if query is not None:
+        sequences = reranking.prepare(query, inputs, runner, truncate=truncate,
+                                      truncate_left=truncate_left)  # fmt: skip
+    elif getattr(runner, "ranks", False):
+        raise InvalidParams("model", reranking.IS_A_RERANKER)
+    else:
+        sequences = prepare(inputs, runner.tokenize, n_vocab=runner.n_vocab, limit=limit,
+                            truncate=truncate)  # fmt: skip
 
-    def compute() -> Embedding:
+    result: Future = Future()
+    vectors: list[bytes] = []
+    seconds = [0.0]
+
+    def turn() -> None:
         started = time.perf_counter()
-        vectors = runner.embed(sequences)
-        dim = len(vectors[0]) // 4
-        return Embedding(dim, b"".join(vectors), tuple(len(ids) for ids in sequences),
-                         time.perf_counter() - started)  # fmt: skip
+        part = sequences[len(vectors) : len(vectors) + TURN_INPUTS]
+        vectors.extend(runner.embed(part))
+        engine.telemetry.record_pooled(len(part), sum(len(ids) for ids in part),
+                                       ranked=query is not None)  # fmt: skip
+        seconds[0] += time.perf_counter() - started
+        if len(vectors) < len(sequences):
+            engine.on_engine_thread(turn).add_done_callback(failed)
+            return
+        result.set_result(Embedding(len(vectors[0]) // 4, b"".join(vectors),
+                                    tuple(len(ids) for ids in sequences), seconds[0]))  # fmt: skip
 
-    return engine.on_engine_thread(compute)
+    def failed(future: Future) -> None:
+        if future.exception() is not None:
+            result.set_exception(future.exception())
+
+    engine.on_engine_thread(turn).add_done_callback(failed)
+    return result

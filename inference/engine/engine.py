@@ -49,7 +49,7 @@ from inference.engine.events import (
     TokenEvent,
 )
 from inference.engine.generation import PRIORITIES, GenerationRequest, Priority
-from inference.engine.params import SamplingParams
+from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvRestore, KvSave, KvTrim
 from inference.engine.refusals import RefusalKind, Refused
 from inference.engine.request import Request, Status
@@ -240,6 +240,10 @@ class Engine:
         accepted = asked.accepted_perf()
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
+        if getattr(self.runner, "ranks", False):
+            from inference.engine.reranking import IS_A_RERANKER
+
+            raise InvalidParams("model", IS_A_RERANKER)
         if asked.media:
             return self._submit_with_images(asked, accepted, load_time, sink)
         prompt = asked.prompt
@@ -362,9 +366,13 @@ class Engine:
         self._inbox.put(("call", fn, future))
         return future
 
-    def embed(self, inputs: list[str | list[int]], *, truncate: bool = True) -> Future:
-        """Embeddings of texts or token arrays (inference.engine.embedding): checked at once
-        (InvalidParams, PromptTooLong), computed on the engine thread between steps; the
+    def embed(
+        self, inputs: list[str | list[int]], *, truncate: bool = True, query: str | None = None,
+        truncate_left: bool = False,
+    ) -> Future:  # fmt: skip
+        """Embeddings of texts or token arrays (inference.engine.embedding), or with a `query`
+        a reranker's scores of the documents `inputs` (inference.engine.reranking): checked at
+        once (InvalidParams, PromptTooLong), computed on the engine thread between steps; the
         Future's result is an Embedding. The engine reads as busy until it is done."""
         from inference.engine.embedding import start  # that module builds on this one
 
@@ -373,7 +381,8 @@ class Engine:
         with self._pending_lock:
             self._embedding += 1
         try:
-            future = start(self, inputs, truncate=truncate)
+            future = start(self, inputs, truncate=truncate, query=query,
+                           truncate_left=truncate_left)
         except BaseException:
             self._embedded(None)
             raise

@@ -94,7 +94,10 @@ class ServingEngine(Protocol):
     last_active: float
 
     def submit(self, request: GenerationRequest, *, load_time: float = 0.0) -> RequestHandle: ...
-    def embed(self, inputs: list, *, truncate: bool = True) -> Future: ...  # of an Embedding
+    def embed(
+        self, inputs: list, *, truncate: bool = True, query: str | None = None,
+        truncate_left: bool = False,
+    ) -> Future: ...  # of an Embedding (scores with a query: inference.engine.reranking)
     def tokenize(
         self, text: str, *, add_special: bool = True, with_pieces: bool = False
     ) -> Future: ...  # of a Tokens (inference.engine.tokens)
@@ -324,15 +327,17 @@ class EngineHost:
 
     def embed(
         self, spec: ModelSpec, inputs: list, *, truncate: bool = True,
-        keep_alive: float | None = None,
+        keep_alive: float | None = None, query: str | None = None, truncate_left: bool = False,
     ) -> tuple[Future, float]:  # fmt: skip
-        """Load the model if needed and start embedding `inputs` (inference.engine.embedding);
-        (the Future of its Embedding, seconds this call waited for the load)."""
+        """Load the model if needed and start embedding `inputs` (inference.engine.embedding),
+        or ranking them against `query` (inference.engine.reranking); (the Future of its
+        Embedding, seconds this call waited for the load)."""
         with self._lock:  # the engine reads as busy from embed() on: the sweep leaves it
             engine, waited = self.load(spec)
             if keep_alive is not None:
                 self._loaded[spec.name].keep_alive = keep_alive
-            return engine.embed(inputs, truncate=truncate), waited
+            return engine.embed(inputs, truncate=truncate, query=query,
+                                truncate_left=truncate_left), waited
 
     def tokenize(
         self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,

@@ -27,6 +27,7 @@ from inference.engine.picture_decoder import PictureDecoder
 from inference.engine.prefix_cache import KvTrim
 from inference.engine.projector import Projector, ProjectorError, route_logs
 from inference.engine.request import Request
+from inference.engine.reranking import RANK_POOLING, PairLayout
 from inference.engine.runner_config import KV_TYPES, RunnerConfig
 from inference.engine.scheduler import Chunk
 from inference.engine.vision import (
@@ -82,7 +83,7 @@ CALIBRATE_S = 0.1  # at most about this long timing steps by size at load (calib
 # input is its own decode; the test that compares alone and batched guards a larger value.
 EMBED_MAX_SEQS = 1
 # llama.cpp's pooling types (llama_pooling_type); a GGUF names its own under <arch>.pooling_type.
-_POOL_NONE, _POOL_MEAN, _POOL_RANK = 0, 1, 4
+_POOL_NONE, _POOL_MEAN = 0, 1
 
 
 class LoadError(RuntimeError):
@@ -160,6 +161,10 @@ class LlamaRunner:
                                EMBED_MAX_TOKENS)  # fmt: skip
         self._embed_ctx = None
         self._embed_batch = None
+        # A reranker (inference.engine.reranking) pools one score per pair and does nothing else.
+        self.pooling = self._named_pooling()
+        self.ranks = self.pooling == RANK_POOLING
+        self.pair_layout = self._pair_layout() if self.ranks else None
 
     def _load_model_and_context(self, config: RunnerConfig, model_params) -> None:
         self.model = ll.llama_model_load_from_file(config.model_path.encode(), model_params)
@@ -297,12 +302,15 @@ class LlamaRunner:
 
     # --- text --------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         data = text.encode("utf-8", errors="replace")
         capacity = len(data) + 16
         while True:
             buffer = (ll.llama_token * capacity)()
-            n = ll.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special, True)
+            n = ll.llama_tokenize(self.vocab, data, len(data), buffer, capacity, add_special,
+                                  parse_special)  # fmt: skip
             if n >= 0:
                 return list(buffer[:n])
             capacity = -n
@@ -831,7 +839,9 @@ class LlamaRunner:
         ctx = self._embedding_context()
         memory = ll.llama_get_memory(ctx)  # NULL for encoders without a KV cache (BERT)
         batch = self._embed_batch
-        dim = ll.llama_model_n_embd_out(self.model)
+        # A reranker's pooled output is its classifier's (n_cls_out floats); the score is the
+        # first, as llama-server reads it, and the rest is not always written.
+        dim = 1 if self.ranks else ll.llama_model_n_embd_out(self.model)
         vectors: list[bytes] = []
         for group in pack(sequences, self.embed_limit, EMBED_MAX_SEQS):
             i = 0
@@ -884,18 +894,30 @@ class LlamaRunner:
         return ctx
 
     def _pooling_type(self) -> int:
-        """The GGUF's own pooling (mean, CLS, last); mean where it names none or "none", as a
-        generative model's vector must still be one per input. A reranker's is refused."""
+        """The GGUF's own pooling (mean, CLS, last, rank); mean where it names none or "none",
+        as a generative model's vector must still be one per input."""
+        return _POOL_MEAN if self.pooling == _POOL_NONE else self.pooling
+
+    def _named_pooling(self) -> int:
+        """The pooling the GGUF names under <arch>.pooling_type; none where it names none."""
         arch = self._meta("general.architecture")
         named = self._meta(f"{arch}.pooling_type") if arch else None
         try:
-            pooling = int(named) if named is not None else _POOL_NONE
+            return int(named) if named is not None else _POOL_NONE
         except ValueError:
-            pooling = _POOL_NONE
-        if pooling == _POOL_RANK:
-            raise InvalidParams("model", "this model is a reranker: it scores pairs of texts "
-                                "and gives no embeddings")  # fmt: skip
-        return _POOL_MEAN if pooling == _POOL_NONE else pooling
+            return _POOL_NONE
+
+    def _pair_layout(self) -> PairLayout:
+        """How this reranker joins a query and a document (inference.engine.reranking, rule 2)."""
+        template = ll.llama_model_chat_template(self.model, b"rerank")
+        vocab = self.vocab
+        return PairLayout(
+            template=template.decode("utf-8", errors="replace") if template else None,
+            bos=int(ll.llama_vocab_bos(vocab)), eos=int(ll.llama_vocab_eos(vocab)),
+            sep=int(ll.llama_vocab_sep(vocab)), add_bos=bool(ll.llama_vocab_get_add_bos(vocab)),
+            add_eos=bool(ll.llama_vocab_get_add_eos(vocab)),
+            add_sep=bool(ll.llama_vocab_get_add_sep(vocab)),
+        )  # fmt: skip
 
     def _meta(self, key: str) -> str | None:
         buffer = ctypes.create_string_buffer(256)

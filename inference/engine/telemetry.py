@@ -88,7 +88,8 @@ class Telemetry:
         self._served: deque[tuple[float, dict]] = deque()
         self.totals = {"prompt_tokens": 0, "cached_tokens": 0, "output_tokens": 0,
                        "images_encoded": 0, "images_cached": 0, "encode_seconds": 0.0,
-                       "image_tokens": 0}  # fmt: skip
+                       "image_tokens": 0, "embedded_inputs": 0, "embedded_tokens": 0,
+                       "reranked_documents": 0, "reranked_tokens": 0}  # fmt: skip
         self.outcomes = {"stop": 0, "length": 0, "cancelled": 0, "failed": 0, "rejected": 0}
         # Warm memory since load: admissions by where their cached tokens came from ("miss":
         # none), those tokens by tier, the seconds restoring took and the reading they saved.
@@ -146,6 +147,14 @@ class Telemetry:
             for name, value in (("images_encoded", encoded), ("images_cached", cached),
                                 ("encode_seconds", seconds), ("image_tokens", tokens)):  # fmt: skip
                 self.totals[name] += value
+
+    def record_pooled(self, inputs: int, tokens: int, *, ranked: bool) -> None:
+        """An embedding request's `inputs` were pooled, or a reranker scored `inputs` documents
+        (inference.engine.embedding), reading `tokens` tokens."""
+        kind = "reranked" if ranked else "embedded"
+        with self._lock:
+            self.totals[f"{kind}_documents" if ranked else f"{kind}_inputs"] += inputs
+            self.totals[f"{kind}_tokens"] += tokens
 
     def record_token_gap(
         self, seconds: float, at: float | None = None, priority: str = "interactive"

@@ -27,6 +27,9 @@ class EmbedJob:
     inputs: list[str | list[int]]
     truncate: bool = True
     keep_alive: float | None = None  # seconds; None: the model's own setting
+    # With a query, `inputs` are documents a reranker scores against it (one float each).
+    query: str | None = None
+    truncate_left: bool = False  # with truncate: cut an over-long input's start, not its end
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def to_dict(self) -> dict:
@@ -77,7 +80,8 @@ async def embed(host: EngineHost, job: EmbedJob, spec: ModelSpec) -> EmbedResult
     computation (shielded): the engine settles its Future either way."""
     try:
         future, waited = await asyncio.to_thread(
-            host.embed, spec, job.inputs, truncate=job.truncate, keep_alive=job.keep_alive
+            host.embed, spec, job.inputs, truncate=job.truncate, keep_alive=job.keep_alive,
+            query=job.query, truncate_left=job.truncate_left,
         )
         computing = asyncio.shield(asyncio.wrap_future(future))
         embedding = await asyncio.wait_for(computing, EMBED_TIMEOUT_S)

@@ -85,12 +85,15 @@ class SetPriority:
 
 @dataclass(slots=True, frozen=True)
 class Embed:
-    """Embed these texts or token arrays (inference.engine.embedding); answered by Embedded or
-    EmbedFailed with the same request id, once the vectors are computed."""
+    """Embed these texts or token arrays (inference.engine.embedding), or with a `query` score
+    these documents against it (a reranker: inference.engine.reranking); answered by Embedded
+    or EmbedFailed with the same request id, once the vectors are computed."""
 
     request_id: str
     inputs: list[str | list[int]]
     truncate: bool = True
+    query: str | None = None
+    truncate_left: bool = False
 
 
 @dataclass(slots=True, frozen=True)

@@ -98,7 +98,8 @@ def embed(engine: Engine, message: m.Embed, outbox: Outbox) -> None:
         outbox.send(failed(exc) if exc is not None else m.Embedded(rid, future.result()))
 
     try:
-        future = engine.embed(message.inputs, truncate=message.truncate)
+        future = engine.embed(message.inputs, truncate=message.truncate, query=message.query,
+                              truncate_left=message.truncate_left)
     except Exception as exc:  # noqa: BLE001 - every refusal is an answer
         outbox.send(failed(exc))
     else:

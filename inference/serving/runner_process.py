@@ -285,8 +285,12 @@ class RunnerProcess:
             raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}")
         self._send(m.SetPriority(request_id, priority))
 
-    def embed(self, inputs: list[str | list[int]], *, truncate: bool = True) -> Future:
-        """Embed texts or token arrays in the runner (Engine.embed there); the Future's result
+    def embed(
+        self, inputs: list[str | list[int]], *, truncate: bool = True, query: str | None = None,
+        truncate_left: bool = False,
+    ) -> Future:  # fmt: skip
+        """Embed texts or token arrays, or rank documents against a `query`, in the runner
+        (Engine.embed there); the Future's result
         is an Embedding, or the exception Engine.embed raised, or EngineStopped if the runner
         dies first. The runner reads as busy until it answers."""
         request_id = uuid.uuid4().hex
@@ -295,7 +299,7 @@ class RunnerProcess:
             if not self.alive:
                 raise EngineStopped(self._stopped_message())
             self._embeds[request_id] = future
-        self._send(m.Embed(request_id, list(inputs), truncate))
+        self._send(m.Embed(request_id, list(inputs), truncate, query, truncate_left))
         return future
 
     def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:

@@ -45,7 +45,10 @@ def human_count(count: int | None) -> str:
 def capabilities(model: LLMModel) -> list[str]:
     """What the model can be asked, in Ollama's names: "vision" when it takes images (Open WebUI
     enables image upload from it), "insert" when its vocabulary has FIM tokens, "tools" and
-    "thinking" where its template renders them."""
+    "thinking" where its template renders them. A reranker (rank pooling) has "rerank" alone:
+    it answers only /v1/rerank."""
+    if model.is_reranker:
+        return ["rerank"]
     found = ["completion"]
     if model.fills_in_middle:
         found.append("insert")  # a suffix is accepted (Continue's autocomplete looks for it)

@@ -26,6 +26,7 @@ from dashboard.api.embedding import check_dimensions, embed
 from dashboard.api.errors import ApiError
 from dashboard.api.figures import openai_usage, timings
 from dashboard.api.logprobs import CompletionOffsets, openai_choice
+from dashboard.api.ollama.shapes import capabilities
 from dashboard.api.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,7 +51,9 @@ def model_entry(model: LLMModel) -> dict:
     inputs = ["text", "image"] if model.takes_images else ["text"]
     modalities = {"input_modalities": inputs, "output_modalities": ["text"]}
     return {"id": model.name, "object": "model", "created": int(model.created_at.timestamp()),
-            "owned_by": "appliance", "architecture": modalities}  # fmt: skip
+            "owned_by": "appliance", "architecture": modalities,
+            # As llama-server's model list has them (Ollama's names; "rerank" for a reranker).
+            "capabilities": capabilities(model)}  # fmt: skip
 
 
 @api_endpoint(dialect="openai")
