@@ -5,14 +5,16 @@ An entry file:
     b"APKV"  u16 format  u16 0  u32 header length  header (JSON)  u32 crc32 of the header
     token ids (int32, little-endian)  payload (llama.cpp's sequence state)
 
+(the frame is tiers.framing's, which tiers.images' files share)
 The header names the layout (entries.KvLayout), the partition and conversation, the token
 count and their crc32, the payload's length and crc32. `read_header` accepts a file only when
 its header parses to an object, its checksum holds, its layout matches the expected one where
 a restore depends on it (KvLayout.key), its size is exactly what the header says and its token
 ids match their checksum; `read_payload` only when the payload matches its checksum. Anything
 else raises BadEntry, and the caller deletes the file: it is never handed to llama.cpp. Files
-are written under a temporary name and renamed, so a runner killed mid-write leaves a `.tmp`
-file (removed at the next open of any model: ledger), never a short entry under a real name.
+are written under a temporary name and renamed (framing.write), so a runner killed mid-write
+leaves a `.tmp` file (removed at the next open of any model: ledger), never a short entry under
+a real name.
 
 The directory of one model and layout is `<root>/<model key>/<layout digest>/`; a runner holds
 an exclusive lock on it (`lock`) while it is loaded, so two runners never write one directory
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.engine.tiers import forgets, images
+from inference.engine.tiers import forgets, framing, images
 from inference.engine.tiers.entries import KvEntry, KvLayout
 
 log = logging.getLogger(__name__)
@@ -55,8 +57,6 @@ HEADER_ROOM = 4 << 10
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
 # How long a runner taking its directory waits out probes (each holds it for microseconds).
 PROBE_WAIT_S = 1.0
-_PREFIX = struct.Struct("<4sHHI")  # magic, format, reserved, header length
-_CRC = struct.Struct("<I")
 
 
 class BadEntry(ValueError):
@@ -97,7 +97,7 @@ def entry_size(layout: KvLayout, entry: KvEntry, n_payload: int) -> int:
     known before its state is read for checksums: what a write reserves (ledger.Ledger)."""
     widest = 0xFFFFFFFF
     header = _header(layout, entry, widest, n_payload, widest)
-    return _PREFIX.size + len(header) + _CRC.size + 4 * entry.n_tokens + n_payload
+    return framing.framed_size(header, 4 * entry.n_tokens + n_payload)
 
 
 def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) -> int:
@@ -105,22 +105,8 @@ def write_entry(directory: Path, layout: KvLayout, entry: KvEntry, data: bytes) 
     disk: the temporary file is removed and nothing is left behind)."""
     tokens = np.ascontiguousarray(entry.tokens, dtype="<i4").tobytes()
     header = _header(layout, entry, zlib.crc32(tokens), len(data), zlib.crc32(data))
-    final = entry_path(directory, entry.id)
-    temporary = final.with_suffix(TEMPORARY)
-    try:
-        # Conversation text: readable by the appliance's own user only.
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(_PREFIX.pack(MAGIC, FORMAT, 0, len(header)))
-            out.write(header)
-            out.write(_CRC.pack(zlib.crc32(header)))
-            out.write(tokens)
-            out.write(data)
-        os.replace(temporary, final)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return _PREFIX.size + len(header) + _CRC.size + len(tokens) + len(data)
+    return framing.write(entry_path(directory, entry.id), TEMPORARY, MAGIC, FORMAT, header,
+                         tokens, data)  # fmt: skip
 
 
 def read_header(path: Path, layout: KvLayout) -> EntryHeader:
@@ -128,28 +114,13 @@ def read_header(path: Path, layout: KvLayout) -> EntryHeader:
     try:
         with open(path, "rb") as source:
             size = os.fstat(source.fileno()).st_size
-            prefix = source.read(_PREFIX.size)
-            if len(prefix) != _PREFIX.size:
-                raise BadEntry("shorter than its header")
-            magic, version, _, header_len = _PREFIX.unpack(prefix)
-            if magic != MAGIC or version != FORMAT:
-                raise BadEntry("not an entry of this format")
-            if header_len > MAX_HEADER:
-                raise BadEntry("its header is too large")
-            header = source.read(header_len)
-            crc = source.read(_CRC.size)
-            if len(header) != header_len or len(crc) != _CRC.size:
-                raise BadEntry("shorter than its header")
-            if _CRC.unpack(crc)[0] != zlib.crc32(header):
-                raise BadEntry("its header fails its checksum")
-            fields = json.loads(header)
-            if not isinstance(fields, dict):
-                raise BadEntry("its header is not an entry's")
+            fields, header_len = framing.read_header(source, MAGIC, FORMAT, MAX_HEADER,
+                                                     what="an entry", bad=BadEntry)  # fmt: skip
             saved = fields.get("layout")
             if not isinstance(saved, dict) or not layout.restores(saved):
                 raise BadEntry("saved with another model file or other load settings")
             n_tokens, payload_bytes = _count(fields, "n_tokens"), _count(fields, "payload_bytes")
-            offset = _PREFIX.size + header_len + _CRC.size + 4 * n_tokens
+            offset = framing.framed_size(b"", header_len + 4 * n_tokens)
             if size != offset + payload_bytes:
                 raise BadEntry(f"{size} bytes where its header says {offset + payload_bytes}")
             raw = source.read(4 * n_tokens)
@@ -376,7 +347,8 @@ def _header_of(path: Path) -> dict | None:
     """An entry's header fields, unchecked (any layout); None when it is not an entry."""
     try:
         with open(path, "rb") as source:
-            magic, version, _, header_len = _PREFIX.unpack(source.read(_PREFIX.size))
+            magic, version, _, header_len = framing.PREFIX.unpack(
+                source.read(framing.PREFIX.size))
             if magic != MAGIC or version != FORMAT or header_len > MAX_HEADER:
                 return None
             fields = json.loads(source.read(header_len))

@@ -9,6 +9,7 @@ an unload or a restart is not encoded again:
     b"APIM"  u16 format  u16 0  u32 header length  header (JSON)  u32 crc32 of the header
     payload (float32, little-endian, rows x cols)
 
+(tiers.framing's frame, as kept prompts' files have it)
 The header names the embedding key (vision.embedding_key: the image and projector within one
 partition), the rows, the columns, the dtype and the payload's crc32. A file is used only when
 all of them are what the reader expects (`read`: its key, its span's length, the model's input
@@ -22,12 +23,13 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from inference.engine.tiers import framing
 
 DIRECTORY = "images"
 SUFFIX = ".img"
@@ -35,8 +37,6 @@ TEMPORARY = ".tmp"
 MAGIC = b"APIM"
 FORMAT = 1
 MAX_HEADER = 4 << 10
-_PREFIX = struct.Struct("<4sHHI")  # magic, format, reserved, header length
-_CRC = struct.Struct("<I")
 _DTYPE = "<f4"
 _HEX = frozenset("0123456789abcdef")
 
@@ -65,8 +65,7 @@ def image_path(directory: Path, partition: str | None, key: str) -> Path:
 def file_size(key: str, embeddings: np.ndarray) -> int:
     """The bytes the file of `embeddings` will take, before it is written (what a write
     reserves in the ledger): its checksum is written at its widest."""
-    return _PREFIX.size + len(_header(key, embeddings.shape, 0xFFFFFFFF)) + _CRC.size \
-        + embeddings.size * 4  # fmt: skip
+    return framing.framed_size(_header(key, embeddings.shape, 0xFFFFFFFF), embeddings.size * 4)
 
 
 def _header(key: str, shape: tuple[int, ...], crc: int) -> bytes:
@@ -83,20 +82,7 @@ def write(path: Path, key: str, embeddings: np.ndarray) -> int:
     payload = np.ascontiguousarray(embeddings, dtype=_DTYPE).tobytes()
     header = _header(key, embeddings.shape, zlib.crc32(payload))
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_suffix(TEMPORARY)
-    try:
-        # What a picture showed, in a form a model reads: the appliance's own user's only.
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(_PREFIX.pack(MAGIC, FORMAT, 0, len(header)))
-            out.write(header)
-            out.write(_CRC.pack(zlib.crc32(header)))
-            out.write(payload)
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return _PREFIX.size + len(header) + _CRC.size + len(payload)
+    return framing.write(path, TEMPORARY, MAGIC, FORMAT, header, payload)
 
 
 def read(path: Path, key: str, rows: int, cols: int) -> np.ndarray:
@@ -105,20 +91,9 @@ def read(path: Path, key: str, rows: int, cols: int) -> np.ndarray:
     try:
         with open(path, "rb") as source:
             size = os.fstat(source.fileno()).st_size
-            prefix = source.read(_PREFIX.size)
-            if len(prefix) != _PREFIX.size:
-                raise BadImage("shorter than its header")
-            magic, version, _, header_len = _PREFIX.unpack(prefix)
-            if magic != MAGIC or version != FORMAT or header_len > MAX_HEADER:
-                raise BadImage("not an image of this format")
-            header = source.read(header_len)
-            crc = source.read(_CRC.size)
-            if len(header) != header_len or len(crc) != _CRC.size:
-                raise BadImage("shorter than its header")
-            if _CRC.unpack(crc)[0] != zlib.crc32(header):
-                raise BadImage("its header fails its checksum")
-            fields = json.loads(header)
-            if not isinstance(fields, dict) or fields.get("key") != key:
+            fields, header_len = framing.read_header(source, MAGIC, FORMAT, MAX_HEADER,
+                                                     what="an image", bad=BadImage)  # fmt: skip
+            if fields.get("key") != key:
                 raise BadImage("it holds another image")
             if fields.get("dtype") != _DTYPE:
                 raise BadImage("its rows are not float32")
@@ -126,7 +101,7 @@ def read(path: Path, key: str, rows: int, cols: int) -> np.ndarray:
                 raise BadImage(f"{fields.get('rows')} x {fields.get('cols')} where "
                                f"{rows} x {cols} are wanted")  # fmt: skip
             n_payload = rows * cols * 4
-            if size != _PREFIX.size + header_len + _CRC.size + n_payload:
+            if size != framing.framed_size(b"", header_len + n_payload):
                 raise BadImage("its size is not what its header says")
             payload = source.read(n_payload)
     except FileNotFoundError:

@@ -6,11 +6,10 @@ import errno
 import logging
 import threading
 import time
-import zlib
 
 import numpy as np
 
-from inference.engine.tiers import PromptStore, files, forgets
+from inference.engine.tiers import PromptStore, files, forgets, framing
 from inference.engine.tiers.disk import DiskTier
 
 from .conftest import entry
@@ -212,9 +211,7 @@ def test_a_header_that_is_json_but_not_an_object_is_deleted_and_the_rest_indexed
     kept = spilled(tmp_path, layout)
     directory = tmp_path / layout.model_key / layout.digest
     header = b'"a string"'
-    (directory / "odd.kv").write_bytes(files._PREFIX.pack(files.MAGIC, files.FORMAT, 0,
-                                                          len(header)) + header
-                                       + files._CRC.pack(zlib.crc32(header)))  # fmt: skip
+    (directory / "odd.kv").write_bytes(framing.frame(files.MAGIC, files.FORMAT, header))
     with caplog.at_level(logging.WARNING):
         store = opened(tmp_path, layout)
     assert store.disk is not None and {e.id for e in store.held()} == {e.id for e in kept}

@@ -5,11 +5,10 @@ import dataclasses
 import fcntl
 import os
 import threading
-import zlib
 
 import pytest
 
-from inference.engine.tiers import files
+from inference.engine.tiers import files, framing
 
 from .conftest import entry
 
@@ -52,8 +51,7 @@ def test_an_entry_saved_with_another_context_or_offload_reads_back(tmp_path, lay
 def test_a_header_that_is_json_but_not_an_object_is_refused(tmp_path, layout):
     header = b"[1, 2]"
     path = tmp_path / "list.kv"
-    path.write_bytes(files._PREFIX.pack(files.MAGIC, files.FORMAT, 0, len(header)) + header
-                     + files._CRC.pack(zlib.crc32(header)))  # fmt: skip
+    path.write_bytes(framing.frame(files.MAGIC, files.FORMAT, header))
     with pytest.raises(files.BadEntry, match="not an entry's"):
         files.read_header(path, layout)
 
