@@ -25,7 +25,7 @@ from django.utils.text import slugify
 
 from inference.catalog.specs import kept_slots
 from inference.catalog.starter import packaged_models
-from inference.gguf import ArraySummary, GGUFError, GGUFInfo, read_gguf
+from inference.gguf import ArraySummary, GGUFError, GGUFInfo, fim_tokens, read_gguf
 from inference.gguf.projector import is_projector
 from inference.jobs import plain
 from inference.jobs.progress import JobCancelled, JobProgress
@@ -130,8 +130,8 @@ def metadata_summary(info: GGUFInfo) -> dict[str, Any]:
         "gguf_version": info.version,
         "tensor_count": info.tensor_count,
         "name": info.name or "",
-        # The fill-in-the-middle tokens llama.cpp finds (LLMModel.fim_vocab, capability insert).
-        "fim": {role: {"id": token.id, "text": token.text} for role, token in info.fim.items()},
+        # The fill-in-the-middle tokens llama.cpp finds (LLMModel.fim_tokens, capability insert).
+        "fim": fim_tokens.as_record(info.fim),
         "keys": keys,
     }
 

@@ -75,3 +75,9 @@ def by_text(found_texts: dict[str, int]) -> dict[str, int]:
 
 def fills_in_middle(tokens: dict[str, FimToken]) -> bool:
     return all(role in tokens for role in REQUIRED)
+
+
+def as_record(tokens: dict[str, FimToken]) -> dict[str, dict]:
+    """The tokens as the catalog stores them (LLMModel.metadata["fim"], read back by
+    LLMModel.fim_tokens): role → {"id", "text"}."""
+    return {role: {"id": token.id, "text": token.text} for role, token in tokens.items()}
