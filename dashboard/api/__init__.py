@@ -9,7 +9,8 @@
   (strict models, bounded field types, parse_body);
 - openai/, responses/, anthropic/, ollama/: each dialect's bodies (schemas: `ask()` maps a body
   onto the pipeline) and its endpoints and Writer (views); llama_server/: its tokenizer
-  endpoints;
+  endpoints, /props, and /completion and /infill over one home of their sampling fields and
+  answer;
 - auth (keys, scopes, api_endpoint: the one declaration the gate reads), errors (a refusal's
   HTTP status, each dialect's error shape), ratelimit, streaming (SSE and NDJSON), metrics,
   openapi, urls.

@@ -8,7 +8,7 @@
 
 Both end it with llama-server's stop_type "limit"; the route then closes the run, which frees
 its sequence within one engine step. (t_max_prompt_ms, the wait for the first token, and
-n_predict 0 are the route's: they need no text.)
+n_predict 0 are dashboard.api.llama_server.answer's: they need no text.)
 """
 
 from dashboard.api.llama_server.sampling import Limits

@@ -15,7 +15,7 @@ from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import pipeline
 from dashboard.api.auth import api_endpoint
-from dashboard.api.llama_server.completion import settings_json
+from dashboard.api.llama_server.sampling import settings_json
 from inference.catalog.specs import sampling_for
 from inference.models import LLMModel
 from inference.serving.client import get_client

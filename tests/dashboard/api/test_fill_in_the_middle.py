@@ -182,6 +182,16 @@ def test_response_fields_keep_only_what_an_editor_reads(http):
     assert answer["timings/predicted_n"] == 12
 
 
+def test_logit_bias_raises_a_token_to_the_first_of_the_answer(http):
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "temperature": 0, "n_predict": 1,
+            "ignore_eos": True}  # fmt: skip
+    token = tokens(http, "zebra")[0]
+    piece = http.post("/detokenize", json={"model": CODER, "tokens": [token]}).json()["content"]
+    plain = infill(http, **body)["content"]
+    for bias in ([[token, 100]], {str(token): 100}):
+        assert infill(http, **body, logit_bias=bias)["content"] == piece != plain
+
+
 def test_a_bad_field_is_refused_and_names_itself(http):
     response = http.post("/infill", json={"model": CODER, "input_prefix": "a",
                                           "input_suffix": "b", "n_predict": -5})  # fmt: skip

@@ -115,8 +115,34 @@ def test_a_json_schema_holds_the_output_to_it(post):
     assert isinstance(json.loads(answer["content"])["city"], str)
 
 
+def test_n_predict_0_reads_the_prompt_into_the_cache_and_answers_nothing(post):
+    prompt = CHAT * 6
+    warm = post("/completion", {"prompt": prompt, "n_predict": 0})
+    assert warm["content"] == "" and warm["tokens_predicted"] == 0
+    assert warm["stop_type"] == "limit" and warm["generation_settings"]["n_predict"] == 0
+    assert warm["tokens_evaluated"] == len(tokens(post, prompt, add_special=True))
+    # The warm-up's prompt is in the cache: the next request reads only what follows it.
+    answer = post("/completion", {"prompt": prompt + "Paris", **GREEDY})
+    assert answer["timings"]["cache_n"] >= warm["tokens_evaluated"] - 1
+    assert answer["timings"]["prompt_n"] < answer["tokens_evaluated"] // 2
+
+
+def test_response_fields_keep_only_the_fields_named_streamed_or_not(http, chat_headers, post):
+    fields = ["content", "timings/predicted_n", "generation_settings/n_predict", "no_such"]
+    body = {"prompt": CHAT, **GREEDY, "ignore_eos": True, "response_fields": fields}
+    answer = post("/completion", body)
+    assert set(answer) == set(fields[:3])
+    assert answer["timings/predicted_n"] == 12 and answer["generation_settings/n_predict"] == 12
+    assert answer["content"] == post("/completion", {**body, "response_fields": None})["content"]
+    with http.stream("POST", "/completion", json={**body, "stream": True},
+                     headers=chat_headers) as response:  # fmt: skip
+        lines = [json.loads(line[6:]) for line in response.iter_lines() if line]
+    *pieces, final = lines
+    assert "".join(piece["content"] for piece in pieces) == answer["content"]
+    assert final == {**answer, "content": ""}  # the pieces carry the text, as llama-server's
+
+
 @pytest.mark.parametrize(("fields", "param"), [
-    ({"n_predict": 0}, "n_predict"),
     ({"n_predict": -2}, "n_predict"),
     ({"temperature": -1}, "temperature"),
     ({"typical_p": 2}, "typical_p"),
