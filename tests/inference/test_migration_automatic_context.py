@@ -2,23 +2,16 @@
 automatic (n_ctx 0); any other setting stays as someone saved it."""
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.inference.migrating import latest, migrate
 
 BEFORE = [("inference", "0002_pull")]
 AFTER = [("inference", "0003_automatic_context")]
 
 
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_the_old_default_becomes_automatic_and_chosen_settings_stay():
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    leaves = latest()
     try:
         old = migrate(BEFORE).get_model("inference", "LLMModel")
         for name, n_ctx, trained in [
@@ -43,4 +36,4 @@ def test_the_old_default_becomes_automatic_and_chosen_settings_stay():
             "unstated": 2048,
         }
     finally:
-        migrate(latest)
+        migrate(leaves)

@@ -2,18 +2,11 @@
 read from its header once, so a code model imported then lists "insert" without a rescan."""
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.inference.migrating import latest, migrate
 
 BEFORE = [("inference", "0010_projector")]
 AFTER = [("inference", "0011_fim_tokens")]
-
-
-def migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
 
 
 @pytest.mark.model
@@ -21,7 +14,7 @@ def migrate(targets):
 def test_models_registered_before_get_their_fim_tokens_from_their_headers(
     code_model_path, starter_path, tmp_path
 ):
-    latest = MigrationExecutor(connection).loader.graph.leaf_nodes()
+    leaves = latest()
     try:
         old = migrate(BEFORE).get_model("inference", "LLMModel")
         for name, path in [("coder", code_model_path), ("chat", starter_path),
@@ -36,4 +29,4 @@ def test_models_registered_before_get_their_fim_tokens_from_their_headers(
         assert not {"pre", "suf", "mid"} & metadata["chat"]["fim"].keys()  # read, and none
         assert "fim" not in metadata["gone"]  # a file that is gone is left as it was
     finally:
-        migrate(latest)
+        migrate(leaves)
