@@ -53,6 +53,7 @@ from inference.catalog.lookup import UnknownModel, resolve
 from inference.catalog.specs import context_asked, request_for, spec_for
 from inference.engine import GenerationRequest, Refused
 from inference.engine.generation import MAX_IMAGES, Priority
+from inference.engine.media import Image
 from inference.engine.params import SEED_LIMIT
 from inference.models import LLMModel
 from inference.serving.client import get_client
@@ -298,17 +299,23 @@ async def respond(answer: Answer, writer: Writer, *, streamed: bool) -> HttpResp
 
 
 async def tokenize_text(
-    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False
-) -> TokenResult:
-    """The model's tokens of `text`, from its own tokenizer in its runner process."""
+    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False,
+    images: tuple[Image, ...] = (),
+) -> TokenResult:  # fmt: skip
+    """The model's tokens of `text`, from its own tokenizer in its runner process; with
+    `images` (one per media marker), the prompt as its runner reads it, each image's positions
+    as pseudo ids, the pictures decoded in its decoder process but not encoded."""
     try:
         return await get_client().tokenize(spec_for(model), text, add_special=add_special,
-                                           with_pieces=with_pieces)  # fmt: skip
+                                           with_pieces=with_pieces, images=images)  # fmt: skip
     except TokenError as exc:
         raise from_event(exc.event) from None
 
 
 async def count_prompt_tokens(model: LLMModel, prompt: Prompt) -> int:
-    """The prompt tokens a generation of `prompt` would have (its BOS rule included)."""
-    result = await tokenize_text(model, prompt.text, add_special=prompt.add_special)
+    """The prompt tokens a generation of `prompt` would have (its BOS rule included, its
+    images as many as the projector reads each as); a picture that does not decode is the 400
+    a generation's would be."""
+    result = await tokenize_text(model, prompt.text, add_special=prompt.add_special,
+                                 images=prompt.media)  # fmt: skip
     return len(result.tokens)

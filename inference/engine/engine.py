@@ -49,6 +49,7 @@ from inference.engine.events import (
     TokenEvent,
 )
 from inference.engine.generation import PRIORITIES, GenerationRequest, Priority
+from inference.engine.media import Image
 from inference.engine.params import InvalidParams, SamplingParams
 from inference.engine.prefix_cache import KvRestore, KvSave, KvTrim
 from inference.engine.refusals import RefusalKind, Refused
@@ -305,15 +306,7 @@ class Engine:
         scheduler (_handle_message: "prepared"). What only the read can tell (a picture that
         does not decode, a prompt too long with its image tokens) ends it with an error event
         of that refusal's kind."""
-        if self._encoder is None:
-            name = asked.model or "this model"
-            raise Refused(f"{name} does not take images: it has no vision projector",
-                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
-        problem = getattr(self.runner, "image_problem", None)
-        if problem:
-            raise Refused(f"{asked.model or 'this model'} does not take images: {problem}",
-                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
-        check_pictures(asked.media)
+        self._check_takes_images(asked.model, asked.media)
         self.runner.validate(asked.params)
         request = Request(id=asked.request_id, prompt_ids=[], params=asked.params,
                           accepted_at=accepted, cache_key=asked.cache_key,
@@ -322,6 +315,19 @@ class Engine:
         # The engine thread learns of it ("preparing") before the encoder can be done with it.
         job = MediaJob(request, asked.prompt, asked.media, asked.add_special)
         return self._hand_in(request, sink, "preparing", then=lambda: self._encoder.submit(job))
+
+    def _check_takes_images(self, model: str | None, images: tuple[Image, ...]) -> None:
+        """Refuse images where the model takes none, or a picture whose header is unreadable
+        or too large (vision.check_pictures)."""
+        name = model or "this model"
+        if self._encoder is None:
+            raise Refused(f"{name} does not take images: it has no vision projector",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        problem = getattr(self.runner, "image_problem", None)
+        if problem:
+            raise Refused(f"{name} does not take images: {problem}",
+                          kind=RefusalKind.INVALID, field="images")  # fmt: skip
+        check_pictures(images)
 
     def _images_read(self, job: MediaJob, result: object) -> None:
         """The encoder is done with a request's images (on its thread): to the engine thread."""
@@ -389,14 +395,23 @@ class Engine:
         future.add_done_callback(self._embedded)
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False,
+                 images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
         """The token ids of `text` as a prompt gets them (inference.engine.tokens): checked at
-        once (InvalidParams), computed on the engine thread; the Future's result is a Tokens."""
+        once (InvalidParams), computed on the engine thread, or with `images` read on the
+        encoder thread and not encoded; the Future's result is a Tokens."""
         from inference.engine import tokens
 
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
-        return tokens.tokenize(self, text, add_special=add_special, with_pieces=with_pieces)
+        return tokens.tokenize(self, text, add_special=add_special, with_pieces=with_pieces,
+                               images=images)  # fmt: skip
+
+    def count_images(self, text: str, images: tuple[Image, ...], add_special: bool) -> Future:
+        """The ids of a prompt with images (inference.engine.tokens, rule 3): refused at once
+        as a request with these images would be, else read by the encoder, never encoded."""
+        self._check_takes_images(None, images)
+        return self._encoder.count(text, images, add_special)
 
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids (inference.engine.tokens); ids outside the vocabulary are an

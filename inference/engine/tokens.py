@@ -5,11 +5,18 @@ and /detokenize, count_tokens), so a count is exactly what a generation on the s
    text of at most MAX_TEXT_CHARS characters; at most MAX_TOKENS ids, each in [0, n_vocab).
 2. The runner is called on the engine thread, between steps (Engine.on_engine_thread), as every
    other llama.cpp call of a serving engine is; the Future's result is a Tokens or a str.
+3. A prompt with images (count_tokens of a conversation with pictures) is read as a request's
+   is, on the encoder thread (vision.Encoder.count: each picture decoded in the runner's
+   decoder process, the prompt split by libmtmd), and never encoded: its ids hold each image's
+   positions as pseudo ids (negative), so their number is the prompt tokens a generation of the
+   same prompt reports.
 """
 
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+from inference.engine.generation import MAX_IMAGES
+from inference.engine.media import MEDIA_MARKER, Image
 from inference.engine.params import InvalidParams
 
 MAX_TEXT_CHARS = 1_000_000  # a whole conversation's prompt (dashboard.api.bodies agrees)
@@ -38,10 +45,25 @@ def check_ids(ids: list[int], n_vocab: int) -> None:
                                 f"model's vocabulary (0 to {n_vocab - 1})")  # fmt: skip
 
 
-def tokenize(engine, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+def check_images(text: str, images: tuple, with_pieces: bool) -> None:
+    """What a prompt with images to count must be (as GenerationRequest checks a request's)."""
+    if with_pieces:
+        raise InvalidParams("with_pieces", "an image's positions have no pieces")
+    if len(images) > MAX_IMAGES or not all(isinstance(image, Image) for image in images):
+        raise InvalidParams("images", f"at most {MAX_IMAGES} Images")
+    if text.count(MEDIA_MARKER) != len(images):
+        raise InvalidParams("images", "a prompt with images holds one media marker per image")
+
+
+def tokenize(engine, text: str, *, add_special: bool = True, with_pieces: bool = False,
+             images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
     """The ids of `text` (with the model's BOS/EOS as its tokenizer adds them when
-    `add_special`; special tokens written in the text are parsed, as in a prompt)."""
+    `add_special`; special tokens written in the text are parsed, as in a prompt); with
+    `images`, those of the prompt with its images (rule 3)."""
     check_text(text)
+    if images:
+        check_images(text, images, with_pieces)
+        return engine.count_images(text, tuple(images), add_special)
     runner = engine.runner
 
     def compute() -> Tokens:

@@ -27,6 +27,10 @@ drops a partition's images with its kept prompts. A picture that cannot be decod
 large to decode safely (its header is read first, `check_pictures`), costs that request only:
 a clear "invalid" refusal.
 
+A count of a prompt with images (count_tokens: Encoder.count) is read on the same thread, in turn
+with the requests' images, and freed at once: decoding and splitting tell how many positions each
+image takes; the encode, the expensive part, is left to an answer.
+
 This module imports no llama_cpp: the runner does the llama.cpp part (runner.py, projector.py).
 """
 
@@ -39,13 +43,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from inference.engine.media import Image
 from inference.engine.refusals import RefusalKind, Refused
+from inference.engine.tokens import Tokens
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +329,17 @@ class MediaJob:
     add_special: bool
 
 
+@dataclass(slots=True, eq=False)
+class CountJob:
+    """A prompt with images to count, not to encode (count_tokens): read on the encoder
+    thread, whose libmtmd context it needs, and freed at once; `future` gets its Tokens."""
+
+    prompt: str
+    images: tuple[Image, ...]
+    add_special: bool
+    future: Future = field(default_factory=Future)
+
+
 @dataclass(slots=True)
 class EncodeFigures:
     """What reading a request's images took: the encode phase of its figures."""
@@ -392,6 +409,15 @@ class Encoder:
     def submit(self, job: MediaJob) -> None:
         self._queue.put(job)
 
+    def count(self, prompt: str, images: tuple[Image, ...], add_special: bool) -> Future:
+        """The ids a prompt with images reads as, each image's positions as pseudo ids: the
+        pictures decoded and the prompt tokenized as a request's are (runner.read_images), in
+        turn with the requests' images, but nothing encoded. A Future of a Tokens, or of the
+        Refused a request with the same images would end with."""
+        job = CountJob(prompt, images, add_special)
+        self._queue.put(job)
+        return job.future
+
     def stop(self, timeout: float) -> None:
         """Let the image in hand finish, refuse what waits, and end the thread."""
         self._stopping = True
@@ -413,16 +439,35 @@ class Encoder:
             if job is None:
                 break
             if self._stopping:
-                self.done(job, EncoderStopped("the engine stopped"))
-                continue
-            self.done(job, self._read(job))
+                self._stopped(job)
+            elif isinstance(job, CountJob):
+                self._count(job)
+            else:
+                self.done(job, self._read(job))
         while True:  # what was queued behind the stop
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                self.done(job, EncoderStopped("the engine stopped"))
+                self._stopped(job)
+
+    def _stopped(self, job: MediaJob | CountJob) -> None:
+        if isinstance(job, CountJob):
+            job.future.set_exception(EncoderStopped("the engine stopped"))
+        else:
+            self.done(job, EncoderStopped("the engine stopped"))
+
+    def _count(self, job: CountJob) -> None:
+        try:
+            prompt = self.runner.read_images(job.prompt, job.images, job.add_special)
+            self.runner.free_media(prompt)
+        except Exception as exc:  # noqa: BLE001 - a picture that breaks costs its count only
+            if not isinstance(exc, Refused):
+                log.exception("counting the tokens of a prompt with images")
+            job.future.set_exception(Refused.of(exc))
+            return
+        job.future.set_result(Tokens(tuple(prompt.ids)))
 
     def _read(self, job: MediaJob) -> object:
         request = job.request

@@ -36,6 +36,7 @@ from django.conf import settings
 from inference.engine import GenerationRequest
 from inference.engine.generation import Priority
 from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.media import Image
 from inference.serving import kept_prompts
 from inference.serving.announcement import WorkerAnnouncement
 from inference.serving.copies import ModelCopies
@@ -64,6 +65,7 @@ class InferenceClient(Protocol):
     async def tokenize(
         self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
         if_loaded: bool = False,  # only on a loaded model: never load one to count
+        images: tuple[Image, ...] = (),  # the text's, one per media marker: read, not encoded
     ) -> TokenResult: ...  # fmt: skip
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult: ...
     async def unload(self, name: str) -> bool: ...
@@ -126,10 +128,10 @@ class EmbeddedClient:
 
     async def tokenize(
         self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        if_loaded: bool = False,
+        if_loaded: bool = False, images: tuple[Image, ...] = (),
     ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces, if_loaded=if_loaded)  # fmt: skip
+                       with_pieces=with_pieces, if_loaded=if_loaded, images=images)  # fmt: skip
         return await tokens(self.host, job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from inference.engine.embedding import Embedding
 from inference.engine.generation import GenerationRequest, Priority
+from inference.engine.media import Image
 from inference.engine.refusals import Refusal
 from inference.engine.tiers.config import PromptCacheConfig
 
@@ -117,6 +118,8 @@ class Tokenize:
     text: str
     add_special: bool = True
     with_pieces: bool = False  # also each id's bytes
+    # The text's images, one per media marker: counted as a request reads them, not encoded.
+    images: tuple[Image, ...] = ()
 
 
 @dataclass(slots=True, frozen=True)

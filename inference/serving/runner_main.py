@@ -12,7 +12,8 @@ kernels dies now, at load, and not in someone's answer), answers Ready, then ser
    once (a snapshot
    only reads counters: it never waits for a step); an Embed is checked and tokenized here and
    answered when the engine thread has computed it, between two steps; a Tokenize or
-   Detokenize is checked here and answered when the engine thread has computed it;
+   Detokenize is checked here and answered when the engine thread has computed it (a Tokenize
+   with images, when the encoder thread has read them, without encoding: count_tokens);
 2. the engine thread sends every event of every request the moment it happens.
 
 With warm memory on (Launch.prompt_cache), the runner keeps prompts in its tiers
@@ -127,7 +128,8 @@ def tokens(engine: Engine, message: m.Tokenize | m.Detokenize, outbox: Outbox) -
             future = engine.detokenize(list(message.tokens))
         else:
             future = engine.tokenize(message.text, add_special=message.add_special,
-                                     with_pieces=message.with_pieces)  # fmt: skip
+                                     with_pieces=message.with_pieces,
+                                     images=message.images)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - every refusal is an answer
         outbox.send(failed(exc))
     else:

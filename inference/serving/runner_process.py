@@ -37,6 +37,7 @@ from pathlib import Path
 from inference.engine import EngineStopped, GenerationRequest
 from inference.engine.events import ErrorEvent, Event, PhaseEvent, RequestHandle, is_final
 from inference.engine.generation import PRIORITIES, Priority
+from inference.engine.media import Image
 from inference.engine.refusals import Refusal, RefusalKind, Refused
 from inference.engine.tiers.config import PromptCacheConfig
 from inference.engine.tokens import Tokens
@@ -302,11 +303,13 @@ class RunnerProcess:
         self._send(m.Embed(request_id, list(inputs), truncate, query, truncate_left))
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
-        """The token ids of `text` in the runner (Engine.tokenize there); the Future's result is
-        a Tokens, or the exception Engine.tokenize raised, or EngineStopped if the runner dies
-        first."""
-        return self._ask_tokens(lambda rid: m.Tokenize(rid, text, add_special, with_pieces))
+    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False,
+                 images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
+        """The token ids of `text` (with its `images`) in the runner (Engine.tokenize there);
+        the Future's result is a Tokens, or the exception Engine.tokenize raised, or
+        EngineStopped if the runner dies first."""
+        return self._ask_tokens(lambda rid: m.Tokenize(rid, text, add_special, with_pieces,
+                                                       tuple(images)))  # fmt: skip
 
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids in the runner (Engine.detokenize there); a Future of a str."""

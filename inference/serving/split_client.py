@@ -45,6 +45,7 @@ from django.core.exceptions import ImproperlyConfigured
 from inference.engine import GenerationRequest
 from inference.engine.generation import PRIORITIES, Priority
 from inference.engine.host import ModelSpec
+from inference.engine.media import Image
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.engine.tiers.entries import conversation_digest
 from inference.serving import split_protocol as protocol
@@ -343,10 +344,10 @@ class SplitClient:
 
     async def tokenize(
         self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        if_loaded: bool = False,
+        if_loaded: bool = False, images: tuple[Image, ...] = (),
     ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces, if_loaded=if_loaded)  # fmt: skip
+                       with_pieces=with_pieces, if_loaded=if_loaded, images=images)  # fmt: skip
         return await self._tokens(job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

@@ -4,7 +4,8 @@ both modes.
     result = await tokens(host, job, spec)   # it may load the model first (not if_loaded)
 
 The job travels as a plain dict in split mode (Celery JSON, task "inference.tokenize"), as an
-EmbedJob does; the result comes back as a TokenResult, its pieces as base64 of their bytes. A
+EmbedJob does, its images (a prompt with pictures to count, inference.engine.tokens rule 3) in
+their wire form; the result comes back as a TokenResult, its pieces as base64 of their bytes. A
 refusal or failure is a TokenError carrying the error event a refused generation gives (with its
 `code`), so the API maps both to the same statuses.
 """
@@ -12,10 +13,11 @@ refusal or failure is a TokenError carrying the error event a refused generation
 import asyncio
 import base64
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from inference.engine.host import EngineHost, ModelSpec
+from inference.engine.media import Image
 from inference.engine.refusals import RefusalKind, Refused, error_event
 from inference.serving.core import refusal_event
 
@@ -34,9 +36,22 @@ class TokenJob:
     # one, nor restarts its keep-alive clock; a model not loaded is refused as unavailable.
     if_loaded: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The text's images, one per media marker (a tokenize only): read, never encoded. From a
+    # dict (split mode) they come in their wire form, and a malformed one is a ValueError.
+    images: tuple[Image, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            self.images = tuple(image if isinstance(image, Image) else Image.from_wire(image)
+                                for image in self.images)  # fmt: skip
+        except Refused as exc:
+            raise ValueError(exc.message) from None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = {f.name: getattr(self, f.name) for f in fields(self)}  # the images' bytes uncopied
+        data["tokens"] = list(self.tokens)
+        data["images"] = [image.to_wire() for image in self.images]
+        return data
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,14 +101,14 @@ async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResul
             if engine is None or not engine.alive:
                 raise Refused(f"{spec.name} is not loaded", kind=RefusalKind.UNAVAILABLE)
             future = engine.tokenize(job.text, add_special=job.add_special,
-                                     with_pieces=job.with_pieces)  # fmt: skip
+                                     with_pieces=job.with_pieces, images=job.images)  # fmt: skip
             waited = 0.0
         elif job.op == "detokenize":
             future, waited = await asyncio.to_thread(host.detokenize, spec, list(job.tokens))
         else:
             future, waited = await asyncio.to_thread(
                 host.tokenize, spec, job.text, add_special=job.add_special,
-                with_pieces=job.with_pieces,
+                with_pieces=job.with_pieces, images=job.images,
             )  # fmt: skip
         answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
                                         TOKENS_TIMEOUT_S)  # fmt: skip

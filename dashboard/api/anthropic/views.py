@@ -31,7 +31,9 @@ from dashboard.api.pipeline import Answer, Ending
 from dashboard.api.streaming import sse_event
 from dashboard.api.tools import ToolCall
 
-anthropic_endpoint = api_endpoint(dialect="anthropic", methods=("POST",))
+# Both take images, so bodies up to MAX_IMAGE_BODY_BYTES.
+anthropic_endpoint = api_endpoint(dialect="anthropic", methods=("POST",),
+                                  max_body=settings.MAX_IMAGE_BODY_BYTES)  # fmt: skip
 
 
 def stop_reason(done: dict, calls: list[ToolCall]) -> str:
@@ -154,7 +156,7 @@ class MessagesWriter:
                 "timings": timings(end.figures)}  # fmt: skip
 
 
-@api_endpoint(dialect="anthropic", methods=("POST",), max_body=settings.MAX_IMAGE_BODY_BYTES)
+@anthropic_endpoint
 async def messages(request: HttpRequest):
     body = parse_body(request, MessagesRequest)
     answer = await pipeline.start(request, body.ask(), source="anthropic")
@@ -164,19 +166,14 @@ async def messages(request: HttpRequest):
 @anthropic_endpoint
 async def count_tokens(request: HttpRequest) -> JsonResponse:
     """The tokens of the prompt /v1/messages would send for this conversation (its template,
-    tools and thinking switch), counted by the model's own tokenizer in its runner: the
-    input_tokens plus cache_read_input_tokens of that answer."""
+    tools and thinking switch, its images), counted by the model's own tokenizer and projector
+    in its runner (each picture decoded and read, not encoded): the input_tokens plus
+    cache_read_input_tokens of that answer."""
     body = parse_body(request, CountTokensRequest)
     ask = body.ask()
     model = await pipeline.resolve_model(ask.model)
     prompt = await pipeline.render(model, ask)
-    if prompt.prompt.media:
-        # An image's tokens are the projector's to say (the runner's), not the tokenizer's.
-        raise ApiError(400, "counting the tokens of images is not supported yet: send the "
-                       "conversation without its images", param="messages",
-                       code="unsupported_value")  # fmt: skip
-    return JsonResponse({"input_tokens": await pipeline.count_prompt_tokens(model,
-                                                                            prompt.prompt)})
+    return JsonResponse({"input_tokens": await pipeline.count_prompt_tokens(model, prompt.prompt)})
 
 
 __all__ = ["ApiError", "count_tokens", "messages"]

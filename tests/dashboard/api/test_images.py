@@ -393,11 +393,15 @@ async def test_the_media_marker_in_the_text_beside_images_is_a_400(vision, recor
     assert not recording.requests
 
 
-async def test_counting_the_tokens_of_images_is_refused_not_miscounted(vision, claude):
-    with pytest.raises(anthropic.BadRequestError, match="counting the tokens of images"):
-        await claude.messages.count_tokens(model=vision.name, messages=[{
-            "role": "user", "content": [{"type": "image", "source": {
-                "type": "base64", "media_type": "image/png", "data": b64(PNG)}}]}])  # fmt: skip
+async def test_counting_images_for_a_text_only_model_is_the_400_its_answer_gets(vision, claude):
+    turn = [{"role": "user", "content": [{"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": b64(PNG)}}]}]  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError) as counted:
+        await claude.messages.count_tokens(model="text-only", messages=turn)
+    with pytest.raises(anthropic.BadRequestError) as answered:
+        await claude.messages.create(model="text-only", max_tokens=2, messages=turn)
+    assert counted.value.body == answered.value.body
+    assert counted.value.body["error"]["message"].startswith('"text-only" does not take images')
 
 
 async def test_a_body_over_the_image_cap_is_a_413_before_it_is_read(vision, recording, app,

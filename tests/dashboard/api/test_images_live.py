@@ -1,13 +1,16 @@
 """Images end to end on the served appliance (`manage.py serve`, the starter model imported with
 the tiny projector by `import_model --mmproj`), through the real `ollama` and `openai` clients:
 the model says it takes images, an image adds its tokens to the prompt and changes the answer,
-the same picture again is read from the cache, and bad pictures cost their request only."""
+the same picture again is read from the cache, count_tokens counts the images without encoding
+them, and bad pictures cost their request only."""
 
 import base64
+import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -99,6 +102,58 @@ def test_the_same_picture_with_a_new_question_reads_most_of_its_prompt_from_the_
     second = client.chat.completions.create(model=MODEL, messages=conversation, max_tokens=8)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= 0.8 * second.usage.prompt_tokens, (cached, second.usage.prompt_tokens)
+
+
+def image_counters(appliance, key) -> tuple[int, int]:
+    """The images the served runner encoded and found in its cache, from /metrics."""
+    text = httpx.get(f"{appliance.url}/metrics", headers={"Authorization": f"Bearer {key}"},
+                     timeout=30).text  # fmt: skip
+
+    def total(name: str) -> int:
+        return sum(int(float(v)) for v in re.findall(rf"^{name}_total{{.*}} (\S+)$", text, re.M))
+
+    return total("appliance_images_encoded"), total("appliance_images_cached")
+
+
+def image_block(data: bytes) -> dict:
+    return {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": base64.b64encode(data).decode()}}  # fmt: skip
+
+
+@pytest.mark.parametrize("pictures", [1, 2])
+def test_count_tokens_with_images_is_the_prompt_of_the_same_message_and_encodes_nothing(
+    served, pictures
+):
+    appliance, key = served
+    client = anthropic.Anthropic(base_url=appliance.url, api_key=key, max_retries=0)
+    content = [*(image_block(png(30 + 10 * pictures + n)) for n in range(pictures)),
+               {"type": "text", "text": "What changed between the frames?"}]  # fmt: skip
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+    client.messages.create(max_tokens=1, model=MODEL, messages=[
+        {"role": "user", "content": "Hi"}])  # the model is loaded before the counters are read
+    before = image_counters(appliance, key)
+    counted = client.messages.count_tokens(**asked).input_tokens
+    assert image_counters(appliance, key) == before, "counting encoded nothing"
+    usage = client.messages.create(max_tokens=2, **asked).usage
+    assert counted == usage.input_tokens + (usage.cache_read_input_tokens or 0)
+    assert counted > pictures * IMAGE_TOKENS
+    # The answer encoded every new picture itself: the count left none in the encoder's cache.
+    encoded, cached = image_counters(appliance, key)
+    assert (encoded - before[0], cached - before[1]) == (pictures, 0)
+
+
+def test_count_tokens_refuses_a_corrupt_picture_as_the_message_does(served):
+    appliance, key = served
+    client = anthropic.Anthropic(base_url=appliance.url, api_key=key, max_retries=0)
+    corrupt = png(50)[:40] + b"\x00" * 200
+    asked = {"model": MODEL, "messages": [{"role": "user", "content": [image_block(corrupt)]}]}
+    with pytest.raises(anthropic.BadRequestError) as counted:
+        client.messages.count_tokens(**asked)
+    with pytest.raises(anthropic.BadRequestError) as answered:
+        client.messages.create(max_tokens=2, **asked)
+    assert counted.value.body == answered.value.body
+    good = {"model": MODEL, "messages": [{"role": "user", "content": [image_block(png(51))]}]}
+    assert client.messages.count_tokens(**good).input_tokens > IMAGE_TOKENS
 
 
 def test_bad_pictures_are_refused_and_the_next_request_is_answered(served):

@@ -207,6 +207,36 @@ def test_a_corrupt_picture_fails_that_request_only(engine):
     assert good.type == "done" and good.text
 
 
+def encoded(engine) -> tuple[int, int]:
+    """The encoder's counters since load: images encoded, images found in its cache."""
+    vision = engine.snapshot()["vision"]
+    return vision["images_encoded"], vision["images_cached"]
+
+
+@pytest.mark.parametrize("pictures", [1, 2])
+def test_a_prompt_with_images_counts_as_its_answer_reads_it_and_nothing_is_encoded(engine,
+                                                                                 pictures):
+    prompt = chat("How many colours are there?", images=pictures)
+    media = tuple(image(130 + 10 * pictures + n) for n in range(pictures))
+    before = encoded(engine)
+    counted = engine.tokenize(prompt, images=media).result(timeout=60)
+    assert encoded(engine) == before, "counting encoded nothing"
+    final, _ = answer(engine, prompt, media)
+    assert final.type == "done", getattr(final, "message", final)
+    assert len(counted.ids) == final.figures["prompt_tokens"]
+    assert final.figures["image_tokens"] == pictures * IMAGE_TOKENS
+    # The answer encoded every picture itself: the count left none in the encoder's cache.
+    assert (final.figures["images_encoded"], final.figures["images_cached"]) == (pictures, 0)
+
+
+def test_counting_a_corrupt_picture_is_refused_as_its_answer_would_be(engine):
+    counted = engine.tokenize(chat("What is this?"), images=(Image.from_bytes(corrupt_png()),))
+    with pytest.raises(Refused, match="could not be decoded") as refused:
+        counted.result(timeout=60)
+    assert refused.value.kind == RefusalKind.INVALID
+    assert engine.tokenize(chat("And this?"), images=(image(129),)).result(timeout=60).ids
+
+
 def test_a_decoder_that_dies_on_a_picture_costs_that_answer_only(paths, extra_bufts):
     """The pictures are decoded in the runner's decoder process: one that kills it (os.abort
     there, as a native crash on hostile bytes would) fails its own request with a clear error,

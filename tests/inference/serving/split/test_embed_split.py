@@ -6,8 +6,10 @@ import math
 
 import pytest
 
+from inference.engine.media import MEDIA_MARKER, Image
 from inference.serving.embeds import EmbedError, EmbedJob
-from inference.serving.tokens import TokenError
+from inference.serving.tokens import TokenError, TokenJob
+from tests.inference.projector_gguf import picture
 
 pytestmark = [pytest.mark.redis, pytest.mark.model]
 
@@ -48,3 +50,15 @@ async def test_a_worker_tokenizes_and_detokenizes(split_client, spec, shared_wor
     with pytest.raises(TokenError) as refused:
         await split_client.detokenize(spec, [10_000_000])
     assert (refused.value.event["code"], refused.value.event["field"]) == ("invalid", "tokens")
+
+
+async def test_a_tokenize_carries_its_images_to_the_runner(split_client, spec, shared_worker):
+    """The images travel in the task (their wire form): the starter here has no projector, so
+    its runner refuses them as it refuses a generation's, rather than counting the text."""
+    image = Image.from_bytes(picture(seed=3))
+    job = TokenJob(spec.name, "tokenize", text=f"Look: {MEDIA_MARKER}", images=(image,))
+    assert TokenJob(**job.to_dict()).images == (image,)
+    with pytest.raises(TokenError) as refused:
+        await split_client.tokenize(spec, f"Look: {MEDIA_MARKER}", images=(image,))
+    assert refused.value.event["code"] == "invalid"
+    assert "does not take images" in refused.value.event["message"]
