@@ -298,11 +298,14 @@ async def respond(answer: Answer, writer: Writer, *, streamed: bool) -> HttpResp
 
 
 async def tokenize_text(
-    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False
-) -> TokenResult:
-    """The model's tokens of `text`, from its own tokenizer in its runner process."""
+    model: LLMModel, text: str, *, add_special: bool, parse_special: bool = True,
+    with_pieces: bool = False,
+) -> TokenResult:  # fmt: skip
+    """The model's tokens of `text`, from its own tokenizer in its runner process (special
+    tokens' text parsed as in a prompt unless `parse_special` is false)."""
     try:
         return await get_client().tokenize(spec_for(model), text, add_special=add_special,
+                                           parse_special=parse_special,
                                            with_pieces=with_pieces)  # fmt: skip
     except TokenError as exc:
         raise from_event(exc.event) from None

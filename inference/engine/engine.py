@@ -100,7 +100,9 @@ class Runner(Protocol):
     ctx_per_seq: int  # the most tokens one sequence may hold
     n_batch: int  # the most tokens one execute() call may carry
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def special_piece(self, token: int) -> bytes: ...  # special tokens written out
     def is_eog(self, token: int) -> bool: ...
@@ -389,14 +391,16 @@ class Engine:
         future.add_done_callback(self._embedded)
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 with_pieces: bool = False) -> Future:  # fmt: skip
         """The token ids of `text` as a prompt gets them (inference.engine.tokens): checked at
         once (InvalidParams), computed on the engine thread; the Future's result is a Tokens."""
         from inference.engine import tokens
 
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
-        return tokens.tokenize(self, text, add_special=add_special, with_pieces=with_pieces)
+        return tokens.tokenize(self, text, add_special=add_special, parse_special=parse_special,
+                               with_pieces=with_pieces)  # fmt: skip
 
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids (inference.engine.tokens); ids outside the vocabulary are an

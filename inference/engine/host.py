@@ -99,7 +99,8 @@ class ServingEngine(Protocol):
         truncate_left: bool = False,
     ) -> Future: ...  # of an Embedding (scores with a query: inference.engine.reranking)
     def tokenize(
-        self, text: str, *, add_special: bool = True, with_pieces: bool = False
+        self, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False,
     ) -> Future: ...  # of a Tokens (inference.engine.tokens)
     def detokenize(self, ids: list[int]) -> Future: ...  # of a str
     # Drop a partition's kept prompts (everything: all of them); a Future of the entries dropped.
@@ -340,13 +341,16 @@ class EngineHost:
                                 truncate_left=truncate_left), waited
 
     def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False,
     ) -> tuple[Future, float]:  # fmt: skip
         """Load the model if needed and start tokenizing `text` (inference.engine.tokens); (the
         Future of its Tokens, seconds this call waited for the load)."""
         with self._lock:
             engine, waited = self.load(spec)
-            return engine.tokenize(text, add_special=add_special, with_pieces=with_pieces), waited
+            future = engine.tokenize(text, add_special=add_special, parse_special=parse_special,
+                                     with_pieces=with_pieces)  # fmt: skip
+            return future, waited
 
     def detokenize(self, spec: ModelSpec, ids: list[int]) -> tuple[Future, float]:
         """Load the model if needed and start detokenizing `ids`; (the Future of the text,

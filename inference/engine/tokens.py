@@ -38,14 +38,17 @@ def check_ids(ids: list[int], n_vocab: int) -> None:
                                 f"model's vocabulary (0 to {n_vocab - 1})")  # fmt: skip
 
 
-def tokenize(engine, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+def tokenize(engine, text: str, *, add_special: bool = True, parse_special: bool = True,
+             with_pieces: bool = False) -> Future:  # fmt: skip
     """The ids of `text` (with the model's BOS/EOS as its tokenizer adds them when
-    `add_special`; special tokens written in the text are parsed, as in a prompt)."""
+    `add_special`). Special tokens written in the text are parsed, as in a prompt, unless
+    `parse_special` is false: then "<|endoftext|>" is plain characters, as llama-server reads
+    the code of /infill."""
     check_text(text)
     runner = engine.runner
 
     def compute() -> Tokens:
-        ids = tuple(runner.tokenize(text, add_special))
+        ids = tuple(runner.tokenize(text, add_special, parse_special))
         return Tokens(ids, tuple(runner.special_piece(t) for t in ids) if with_pieces else None)
 
     return engine.on_engine_thread(compute)

@@ -117,6 +117,7 @@ class Tokenize:
     text: str
     add_special: bool = True
     with_pieces: bool = False  # also each id's bytes
+    parse_special: bool = True  # false: special tokens' text is plain characters
 
 
 @dataclass(slots=True, frozen=True)

@@ -302,11 +302,14 @@ class RunnerProcess:
         self._send(m.Embed(request_id, list(inputs), truncate, query, truncate_left))
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False) -> Future:
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 with_pieces: bool = False) -> Future:  # fmt: skip
         """The token ids of `text` in the runner (Engine.tokenize there); the Future's result is
         a Tokens, or the exception Engine.tokenize raised, or EngineStopped if the runner dies
         first."""
-        return self._ask_tokens(lambda rid: m.Tokenize(rid, text, add_special, with_pieces))
+        return self._ask_tokens(
+            lambda rid: m.Tokenize(rid, text, add_special, with_pieces, parse_special)
+        )
 
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids in the runner (Engine.detokenize there); a Future of a str."""
