@@ -2,7 +2,8 @@
 model.
 
     python bench/infill.py --llama-server PATH [--sides appliance,llama-server]
-                           [--only answers,latency] [--threads 2] [--rounds 10]
+                           [--only answers,latency] [--cases plain,special_text,...]
+                           [--threads 2] [--rounds 10]
 
 The code model is the starter model with FIM token ids in its header (tests/code_model.py),
 written at bench time into a temporary directory. Each side is a server started fresh in
@@ -14,10 +15,12 @@ process.
 Measured:
   answers  temperature 0, /infill's `content` and `tokens_evaluated` (the prompt's tokens) for
            a prefix and suffix without and with the current line's `prompt`, the same with
-           input_extra (three files' chunks), and a prefix and suffix longer than the layout
-           keeps, each read cold (a server started for it); on the appliance also Ollama's
-           /api/generate and OpenAI's /v1/completions with `suffix` against llama-server's
-           /infill without input_extra.
+           input_extra (three files' chunks), a prefix and suffix longer than the layout
+           keeps, and code (prefix, suffix, a chunk and its file name) that spells control
+           tokens, plain characters on both servers, with a `prompt` that spells one too,
+           parsed on both; each read cold (a server started for it). On the appliance also
+           Ollama's /api/generate and OpenAI's /v1/completions with `suffix` against
+           llama-server's /infill without input_extra (with the no_prompt case).
   latency  a short FIM request (n_predict 8, a new keystroke each time) alone, then while
            chats stream long answers one after another (another app's, interactive too): the
            FIM request's latency p50 and max at the client.
@@ -63,6 +66,12 @@ CASES = {
     "extra": {"input_prefix": PREFIX, "input_suffix": SUFFIX, "prompt": "    ",
               "input_extra": EXTRA},
     "long_prefix": {"input_prefix": "x = 0\n" * 400 + PREFIX, "input_suffix": SUFFIX * 40},
+    # SmolLM2's end of text and the code model's FIM tokens (tests/code_model.py), spelled.
+    "special_text": {"input_prefix": "# <|endoftext|> <issue_start>\n" + PREFIX,
+                     "input_suffix": SUFFIX + "# <issue_comment><|endoftext|>\n",
+                     "prompt": "    <|endoftext|>",
+                     "input_extra": [{"filename": "<file_sep>.py",
+                                      "text": "TOKENS = '<issue_closed><|endoftext|>'\n"}]},
 }  # fmt: skip
 GREEDY = {"temperature": 0, "n_predict": 32}
 
@@ -115,13 +124,14 @@ def cold(side: str, model: Path, args, ask) -> dict:
 
 def answers(side: str, model: Path, args) -> dict:
     out = {}
-    for case, body in CASES.items():
+    for case in args.cases:
+        body = CASES[case]
         reply = cold(side, model, args, lambda http, target, body=body:
                      infill(http, target, {**body, **GREEDY}))  # fmt: skip
         out[case] = {"content": reply["content"], "prompt_tokens": reply["tokens_evaluated"]}
         log(f"  {side} {case}: {reply['tokens_evaluated']} prompt tokens, "
             f"{reply['content'][:60]!r}")  # fmt: skip
-    if side == "appliance":
+    if side == "appliance" and "no_prompt" in args.cases:
         out["suffix"] = {dialect: cold(side, model, args, lambda http, target, d=dialect:
                                        suffix_answer(http, target, d))
                          for dialect in ("ollama", "openai")}  # fmt: skip
@@ -215,12 +225,12 @@ def summarize(rows: dict) -> dict:
             out[f"{key}_{name}"] = value
     if set(SIDES) <= set(rows) and all("answers" in row for row in rows.values()):
         ours, theirs = rows["appliance"]["answers"], rows["llama-server"]["answers"]
-        for case in CASES:
+        for case in [case for case in CASES if case in ours and case in theirs]:
             out[f"{case}_answer_equal"] = ours[case]["content"] == theirs[case]["content"]
             out[f"{case}_prompt_tokens_equal"] = (ours[case]["prompt_tokens"]
                                                   == theirs[case]["prompt_tokens"])  # fmt: skip
-        bare = theirs["no_prompt"]
-        for dialect, reply in ours["suffix"].items():
+        bare = theirs.get("no_prompt")
+        for dialect, reply in ours.get("suffix", {}).items():
             out[f"{dialect}_suffix_answer_equal"] = reply["content"] == bare["content"]
             out[f"{dialect}_suffix_prompt_tokens_equal"] = (reply["prompt_tokens"]
                                                             == bare["prompt_tokens"])  # fmt: skip
@@ -236,7 +246,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="FIM requests per measurement")
     parser.add_argument("--sides", default=",".join(SIDES))
     parser.add_argument("--only", default="answers,latency")
+    parser.add_argument("--cases", default=",".join(CASES), help="the answers' cases")
     args = parser.parse_args()
+    args.cases = [s for s in args.cases.split(",") if s]
+    if unknown := set(args.cases) - CASES.keys():
+        parser.error(f"unknown cases: {', '.join(sorted(unknown))} (known: {', '.join(CASES)})")
     args.only = [s for s in args.only.split(",") if s]
     args.sides = [s for s in args.sides.split(",") if s]
     require(args.model, args.llama_server, args.sides)

@@ -6,10 +6,10 @@ refused with Ollama's words, before anything is tokenized.
 
 Pieces are tokenized without BOS and concurrently (one runner round trip each, answered between
 two engine steps); the BOS rule is the tokenizer's own: the BOS is what it adds to an empty
-text with add_special. One difference from llama-server is known: llama-server tokenizes the
-prefix, suffix and extra chunks without parsing special tokens, the runner always parses them,
-so a text that spells a control token (`<|endoftext|>` in a tokenizer's source) reads as that
-token here and as plain characters there.
+text with add_special. Special tokens' text is parsed as llama-server parses it (infill.Piece):
+in `prompt` only, so code that spells a control token (`<|endoftext|>` in a tokenizer's
+source, `<|fim_prefix|>` in a file about FIM) reads as plain characters, as it does there, and
+cannot inject a control token into the prompt.
 """
 
 import asyncio
@@ -48,7 +48,8 @@ async def infill_prompt(model: LLMModel, text: InfillText, tokenize: Tokenize, *
     wanted = pieces(text, _vocab(fim, bos=None))
     results = await asyncio.gather(
         tokenize(model, "", add_special=True),
-        *(tokenize(model, piece, add_special=False) for piece in wanted),
+        *(tokenize(model, piece.text, add_special=False, parse_special=piece.parse_special)
+          for piece in wanted),
     )
     bos_id = (model.weights.metadata or {}).get("bos_token_id")
     empty = results[0].tokens

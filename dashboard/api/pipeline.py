@@ -299,14 +299,16 @@ async def respond(answer: Answer, writer: Writer, *, streamed: bool) -> HttpResp
 
 
 async def tokenize_text(
-    model: LLMModel, text: str, *, add_special: bool, with_pieces: bool = False,
-    images: tuple[Image, ...] = (),
+    model: LLMModel, text: str, *, add_special: bool, parse_special: bool = True,
+    with_pieces: bool = False, images: tuple[Image, ...] = (),
 ) -> TokenResult:  # fmt: skip
-    """The model's tokens of `text`, from its own tokenizer in its runner process; with
-    `images` (one per media marker), the prompt as its runner reads it, each image's positions
-    as pseudo ids, the pictures decoded in its decoder process but not encoded."""
+    """The model's tokens of `text`, from its own tokenizer in its runner process (special
+    tokens' text parsed as in a prompt unless `parse_special` is false); with `images` (one per
+    media marker), the prompt as its runner reads it, each image's positions as pseudo ids, the
+    pictures decoded in its decoder process but not encoded."""
     try:
         return await get_client().tokenize(spec_for(model), text, add_special=add_special,
+                                           parse_special=parse_special,
                                            with_pieces=with_pieces, images=images)  # fmt: skip
     except TokenError as exc:
         raise from_event(exc.event) from None

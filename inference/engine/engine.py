@@ -101,7 +101,9 @@ class Runner(Protocol):
     ctx_per_seq: int  # the most tokens one sequence may hold
     n_batch: int  # the most tokens one execute() call may carry
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]: ...
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]: ...
     def piece(self, token: int) -> bytes: ...
     def special_piece(self, token: int) -> bytes: ...  # special tokens written out
     def is_eog(self, token: int) -> bool: ...
@@ -395,8 +397,8 @@ class Engine:
         future.add_done_callback(self._embedded)
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False,
-                 images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 with_pieces: bool = False, images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
         """The token ids of `text` as a prompt gets them (inference.engine.tokens): checked at
         once (InvalidParams), computed on the engine thread, or with `images` read on the
         encoder thread and not encoded; the Future's result is a Tokens."""
@@ -404,8 +406,8 @@ class Engine:
 
         if self._stopping.is_set() or self._thread is None:
             raise EngineStopped("the engine is not running")
-        return tokens.tokenize(self, text, add_special=add_special, with_pieces=with_pieces,
-                               images=images)  # fmt: skip
+        return tokens.tokenize(self, text, add_special=add_special, parse_special=parse_special,
+                               with_pieces=with_pieces, images=images)  # fmt: skip
 
     def count_images(self, text: str, images: tuple[Image, ...], add_special: bool) -> Future:
         """The ids of a prompt with images (inference.engine.tokens, rule 3): refused at once

@@ -100,8 +100,8 @@ class ServingEngine(Protocol):
         truncate_left: bool = False,
     ) -> Future: ...  # of an Embedding (scores with a query: inference.engine.reranking)
     def tokenize(
-        self, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        images: tuple[Image, ...] = (),
+        self, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False, images: tuple[Image, ...] = (),
     ) -> Future: ...  # of a Tokens (inference.engine.tokens)
     def detokenize(self, ids: list[int]) -> Future: ...  # of a str
     # Drop a partition's kept prompts (everything: all of them); a Future of the entries dropped.
@@ -342,16 +342,17 @@ class EngineHost:
                                 truncate_left=truncate_left), waited
 
     def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        images: tuple[Image, ...] = (),
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False, images: tuple[Image, ...] = (),
     ) -> tuple[Future, float]:  # fmt: skip
         """Load the model if needed and start tokenizing `text` with its `images`
         (inference.engine.tokens); (the Future of its Tokens, seconds this call waited for the
         load)."""
         with self._lock:
             engine, waited = self.load(spec)
-            return engine.tokenize(text, add_special=add_special, with_pieces=with_pieces,
-                                   images=images), waited  # fmt: skip
+            future = engine.tokenize(text, add_special=add_special, parse_special=parse_special,
+                                     with_pieces=with_pieces, images=images)  # fmt: skip
+            return future, waited
 
     def detokenize(self, spec: ModelSpec, ids: list[int]) -> tuple[Future, float]:
         """Load the model if needed and start detokenizing `ids`; (the Future of the text,

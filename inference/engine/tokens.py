@@ -45,29 +45,33 @@ def check_ids(ids: list[int], n_vocab: int) -> None:
                                 f"model's vocabulary (0 to {n_vocab - 1})")  # fmt: skip
 
 
-def check_images(text: str, images: tuple, with_pieces: bool) -> None:
+def check_images(text: str, images: tuple, *, with_pieces: bool, parse_special: bool) -> None:
     """What a prompt with images to count must be (as GenerationRequest checks a request's)."""
     if with_pieces:
         raise InvalidParams("with_pieces", "an image's positions have no pieces")
+    if not parse_special:
+        raise InvalidParams("parse_special", "a prompt with images is read as a request's is, "
+                            "its special tokens parsed")  # fmt: skip
     if len(images) > MAX_IMAGES or not all(isinstance(image, Image) for image in images):
         raise InvalidParams("images", f"at most {MAX_IMAGES} Images")
     if text.count(MEDIA_MARKER) != len(images):
         raise InvalidParams("images", "a prompt with images holds one media marker per image")
 
 
-def tokenize(engine, text: str, *, add_special: bool = True, with_pieces: bool = False,
-             images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
+def tokenize(engine, text: str, *, add_special: bool = True, parse_special: bool = True,
+             with_pieces: bool = False, images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
     """The ids of `text` (with the model's BOS/EOS as its tokenizer adds them when
-    `add_special`; special tokens written in the text are parsed, as in a prompt); with
-    `images`, those of the prompt with its images (rule 3)."""
+    `add_special`). Special tokens written in the text are parsed, as in a prompt, unless
+    `parse_special` is false: then "<|endoftext|>" is plain characters, as llama-server reads
+    the code of /infill. With `images`, those of the prompt with its images (rule 3)."""
     check_text(text)
     if images:
-        check_images(text, images, with_pieces)
+        check_images(text, images, with_pieces=with_pieces, parse_special=parse_special)
         return engine.count_images(text, tuple(images), add_special)
     runner = engine.runner
 
     def compute() -> Tokens:
-        ids = tuple(runner.tokenize(text, add_special))
+        ids = tuple(runner.tokenize(text, add_special, parse_special))
         return Tokens(ids, tuple(runner.special_piece(t) for t in ids) if with_pieces else None)
 
     return engine.on_engine_thread(compute)

@@ -63,7 +63,9 @@ class InferenceClient(Protocol):
     async def set_priority(self, request_id: str, priority: Priority) -> None: ...
     async def embed(self, job: EmbedJob, spec: ModelSpec) -> EmbedResult: ...
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
+        self, spec: ModelSpec, text: str, *, add_special: bool = True,
+        parse_special: bool = True,  # false: "<|endoftext|>" is plain text (/infill's code)
+        with_pieces: bool = False,
         if_loaded: bool = False,  # only on a loaded model: never load one to count
         images: tuple[Image, ...] = (),  # the text's, one per media marker: read, not encoded
     ) -> TokenResult: ...  # fmt: skip
@@ -127,11 +129,12 @@ class EmbeddedClient:
         return await embed(self.host, job, spec)
 
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        if_loaded: bool = False, images: tuple[Image, ...] = (),
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False, if_loaded: bool = False, images: tuple[Image, ...] = (),
     ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces, if_loaded=if_loaded, images=images)  # fmt: skip
+                       parse_special=parse_special, with_pieces=with_pieces,
+                       if_loaded=if_loaded, images=images)  # fmt: skip
         return await tokens(self.host, job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

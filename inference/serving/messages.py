@@ -118,6 +118,7 @@ class Tokenize:
     text: str
     add_special: bool = True
     with_pieces: bool = False  # also each id's bytes
+    parse_special: bool = True  # false: special tokens' text is plain characters
     # The text's images, one per media marker: counted as a request reads them, not encoded.
     images: tuple[Image, ...] = ()
 

@@ -128,6 +128,7 @@ def tokens(engine: Engine, message: m.Tokenize | m.Detokenize, outbox: Outbox) -
             future = engine.detokenize(list(message.tokens))
         else:
             future = engine.tokenize(message.text, add_special=message.add_special,
+                                     parse_special=message.parse_special,
                                      with_pieces=message.with_pieces,
                                      images=message.images)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - every refusal is an answer

@@ -303,13 +303,13 @@ class RunnerProcess:
         self._send(m.Embed(request_id, list(inputs), truncate, query, truncate_left))
         return future
 
-    def tokenize(self, text: str, *, add_special: bool = True, with_pieces: bool = False,
-                 images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True,
+                 with_pieces: bool = False, images: tuple[Image, ...] = ()) -> Future:  # fmt: skip
         """The token ids of `text` (with its `images`) in the runner (Engine.tokenize there);
         the Future's result is a Tokens, or the exception Engine.tokenize raised, or
         EngineStopped if the runner dies first."""
         return self._ask_tokens(lambda rid: m.Tokenize(rid, text, add_special, with_pieces,
-                                                       tuple(images)))  # fmt: skip
+                                                       parse_special, tuple(images)))  # fmt: skip
 
     def detokenize(self, ids: list[int]) -> Future:
         """The text of token ids in the runner (Engine.detokenize there); a Future of a str."""

@@ -343,11 +343,12 @@ class SplitClient:
         return EmbedResult.from_dict(answer)
 
     async def tokenize(
-        self, spec: ModelSpec, text: str, *, add_special: bool = True, with_pieces: bool = False,
-        if_loaded: bool = False, images: tuple[Image, ...] = (),
+        self, spec: ModelSpec, text: str, *, add_special: bool = True, parse_special: bool = True,
+        with_pieces: bool = False, if_loaded: bool = False, images: tuple[Image, ...] = (),
     ) -> TokenResult:  # fmt: skip
         job = TokenJob(spec.name, "tokenize", text=text, add_special=add_special,
-                       with_pieces=with_pieces, if_loaded=if_loaded, images=images)  # fmt: skip
+                       parse_special=parse_special, with_pieces=with_pieces,
+                       if_loaded=if_loaded, images=images)  # fmt: skip
         return await self._tokens(job, spec)
 
     async def detokenize(self, spec: ModelSpec, ids: list[int]) -> TokenResult:

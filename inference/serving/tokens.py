@@ -31,6 +31,9 @@ class TokenJob:
     text: str = ""  # tokenize this
     tokens: list[int] = field(default_factory=list)  # or detokenize these
     add_special: bool = True
+    # False: special tokens' text ("<|endoftext|>") is plain characters, as llama-server reads
+    # the code of /infill (dashboard.api.fim); every other caller parses it, as in a prompt.
+    parse_special: bool = True
     with_pieces: bool = False
     # A tokenize on the model only if it is loaded (the chat page's counter): it never loads
     # one, nor restarts its keep-alive clock; a model not loaded is refused as unavailable.
@@ -101,6 +104,7 @@ async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResul
             if engine is None or not engine.alive:
                 raise Refused(f"{spec.name} is not loaded", kind=RefusalKind.UNAVAILABLE)
             future = engine.tokenize(job.text, add_special=job.add_special,
+                                     parse_special=job.parse_special,
                                      with_pieces=job.with_pieces, images=job.images)  # fmt: skip
             waited = 0.0
         elif job.op == "detokenize":
@@ -108,7 +112,7 @@ async def tokens(host: EngineHost, job: TokenJob, spec: ModelSpec) -> TokenResul
         else:
             future, waited = await asyncio.to_thread(
                 host.tokenize, spec, job.text, add_special=job.add_special,
-                with_pieces=job.with_pieces, images=job.images,
+                parse_special=job.parse_special, with_pieces=job.with_pieces, images=job.images,
             )  # fmt: skip
         answer = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)),
                                         TOKENS_TIMEOUT_S)  # fmt: skip

@@ -18,8 +18,10 @@ truncation, all in tokens:
    max(0, n_ctx − n_batch − 2·n_predict) tokens, n_predict being the server's (-1: no limit).
 
 Every text is tokenized alone, without BOS (the web side asks the model's own tokenizer for
-each piece: `pieces`), and the BOS goes first where the tokenizer adds one. This module knows
-no engine and no HTTP: pieces in, token ids out.
+each piece: `pieces`), and the BOS goes first where the tokenizer adds one. Special tokens'
+text is read as llama-server reads it (`Piece`): in `prompt` it is the token, in the code and
+llama-server's own lines it is plain characters. This module knows no engine and no HTTP:
+pieces in, token ids out.
 """
 
 from collections.abc import Mapping, Sequence
@@ -49,6 +51,18 @@ class FimVocab:
 
 
 @dataclass(frozen=True, slots=True)
+class Piece:
+    """One text the layout tokenizes alone, and whether special tokens' text in it is parsed.
+    llama-server parses it in `prompt` only (tokenize_input_prompts with parse_special); the
+    prefix, suffix, extra chunks, their filenames and its fixed lines are plain characters
+    (tokenize_mixed and common_tokenize with parse_special false), so a file that spells
+    "<|endoftext|>" or a FIM token cannot put that control token into the prompt."""
+
+    text: str
+    parse_special: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ExtraChunk:
     """Another file's chunk (input_extra's {filename, text})."""
 
@@ -67,39 +81,45 @@ class InfillText:
     extra: tuple[ExtraChunk, ...] = ()
 
 
-def pieces(text: InfillText, vocab: FimVocab) -> list[str]:
-    """Every text the layout tokenizes, each alone (duplicates once): the caller's tokenizer
+def pieces(text: InfillText, vocab: FimVocab) -> list[Piece]:
+    """Every piece the layout tokenizes, each alone (duplicates once): the caller's tokenizer
     maps each to its ids for `layout`."""
-    wanted = [text.prefix, text.suffix, text.prompt]
+    plain = [text.prefix, text.suffix]
     if vocab.rep is not None:
-        wanted.append(REPO_LINE)
+        plain.append(REPO_LINE)
     if vocab.sep is not None:
-        wanted.append(FILE_LINE)
-        wanted += [chunk.filename + "\n" for chunk in text.extra]
+        plain.append(FILE_LINE)
+        plain += [chunk.filename + "\n" for chunk in text.extra]
     elif text.extra:
-        wanted.append(CHUNK_SEPARATOR)
-    wanted += [chunk.text for chunk in text.extra]
+        plain.append(CHUNK_SEPARATOR)
+    plain += [chunk.text for chunk in text.extra]
+    wanted = [Piece(text.prompt, parse_special=True), *map(Piece, plain)]
     return list(dict.fromkeys(wanted))
 
 
-def layout(text: InfillText, vocab: FimVocab, tokens: Mapping[str, Sequence[int]], *,
+def layout(text: InfillText, vocab: FimVocab, tokens: Mapping[Piece, Sequence[int]], *,
            n_batch: int, n_ctx: int, n_predict: int = SERVER_N_PREDICT,
            spm: bool = False) -> list[int]:  # fmt: skip
     """The prompt's token ids; `tokens`: the ids of each of `pieces(text, vocab)`."""
+
+    def plain(piece: str) -> Sequence[int]:
+        return tokens[Piece(piece)]
+
     # The extra context, whole, before its truncation (step 3).
     extra: list[int] = []
     if vocab.rep is not None:
-        extra += [vocab.rep, *tokens[REPO_LINE]]
+        extra += [vocab.rep, *plain(REPO_LINE)]
     for chunk in text.extra:
         if vocab.sep is not None:
-            extra += [vocab.sep, *tokens[chunk.filename + "\n"]]
+            extra += [vocab.sep, *plain(chunk.filename + "\n")]
         else:
-            extra += tokens[CHUNK_SEPARATOR]
-        extra += tokens[chunk.text]
+            extra += plain(CHUNK_SEPARATOR)
+        extra += plain(chunk.text)
     if vocab.sep is not None:
-        extra += [vocab.sep, *tokens[FILE_LINE]]
+        extra += [vocab.sep, *plain(FILE_LINE)]
 
-    prefix, suffix, prompt = tokens[text.prefix], tokens[text.suffix], tokens[text.prompt]
+    prefix, suffix = plain(text.prefix), plain(text.suffix)
+    prompt = tokens[Piece(text.prompt, parse_special=True)]
     prefix_take = min(len(prefix), 3 * (n_batch // 4))  # step 1
     suffix_take = min(len(suffix), max(0, n_batch // 4 - (2 + len(prompt))))  # step 2
     extra_take = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))  # step 3

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from dashboard.api import pipeline
 from dashboard.api.auth import api_endpoint
-from dashboard.api.bodies import ModelName, PromptText, Strict, parse_body, refuse_if
+from dashboard.api.bodies import ModelName, PromptText, Strict, parse_body
 from dashboard.api.errors import from_event
 from dashboard.api.openai.schemas import ChatCompletionRequest
 from inference.catalog.specs import spec_for
@@ -32,10 +32,7 @@ class TokenizeRequest(Strict):
     model: ModelName = ""
     content: PromptText
     add_special: bool = False  # llama-server's default: no BOS unless asked
-    parse_special: Annotated[
-        bool, refuse_if(lambda v: v is False, "parse_special: false is not supported: special "
-                        "tokens written in the text are always parsed, as in a prompt"),
-    ] = True  # fmt: skip
+    parse_special: bool = True  # false: "<|endoftext|>" in the text is plain characters
     with_pieces: bool = False
 
 
@@ -57,6 +54,7 @@ async def tokenize(request: HttpRequest) -> JsonResponse:
     body = parse_body(request, TokenizeRequest)
     model = await pipeline.resolve_model(body.model)
     result = await pipeline.tokenize_text(model, body.content, add_special=body.add_special,
+                                          parse_special=body.parse_special,
                                           with_pieces=body.with_pieces)  # fmt: skip
     if result.pieces is None:
         return JsonResponse({"model": model.name, "tokens": list(result.tokens)})

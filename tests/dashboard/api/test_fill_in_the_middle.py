@@ -2,14 +2,24 @@
 starter model: llama-server's /infill over plain HTTP, Ollama's `suffix` through the ollama
 client, OpenAI's through the openai client, all laid out as llama-server lays out /infill;
 the refusal for a model without FIM tokens; the limits an editor sets; a cancelled completion
-freeing its sequence; a warm-up filling the prompt cache for the next keystroke."""
+freeing its sequence; a warm-up filling the prompt cache for the next keystroke; code that
+spells control tokens read as plain characters, as llama-server reads it."""
 
 import httpx
+import llama_cpp
 import ollama
 import openai
 import pytest
 
-from inference.text.infill import FILE_LINE, REPO_LINE, ExtraChunk, FimVocab, InfillText, layout
+from inference.text.infill import (
+    FILE_LINE,
+    REPO_LINE,
+    ExtraChunk,
+    FimVocab,
+    InfillText,
+    layout,
+    pieces,
+)
 from tests.code_model import FIM_IDS, REPO_ID
 from tests.dashboard.api.ollama.test_client import wait_until
 from tests.dashboard.api.server import STARTER, Appliance, prepare
@@ -25,6 +35,9 @@ GREEDY = {"temperature": 0, "n_predict": 12}
 # The model's answers end after a token or two; a grammar that never lets it end writes lines
 # for as long as it is let.
 LINES = 'root ::= "  a\\n" root'
+# Control tokens' text as a file may hold it: SmolLM2's end of text, and the code model's FIM
+# prefix token (tests.code_model: <issue_start> serves as fim_pre).
+SPELLED = "<|endoftext|><issue_start>"
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +69,30 @@ def infill(http: httpx.Client, **body) -> dict:
     return response.json()
 
 
-def tokens(http: httpx.Client, text: str) -> list[int]:
-    response = http.post("/tokenize", json={"model": CODER, "content": text})
+def tokens(http: httpx.Client, text: str, *, parse_special: bool = True) -> list[int]:
+    response = http.post("/tokenize", json={"model": CODER, "content": text,
+                                            "parse_special": parse_special})  # fmt: skip
     assert response.status_code == 200, response.text
     return response.json()["tokens"]
 
 
 def expected_layout(http: httpx.Client, text: InfillText) -> list[int]:
     """llama-server's layout of `text` for the code model, each piece tokenized alone."""
-    from inference.text.infill import pieces
-
-    ids = {piece: tokens(http, piece) for piece in pieces(text, VOCAB)}
+    ids = {piece: tokens(http, piece.text, parse_special=piece.parse_special)
+           for piece in pieces(text, VOCAB)}  # fmt: skip
     return layout(text, VOCAB, ids, n_batch=512, n_ctx=2048)
+
+
+@pytest.fixture(scope="module")
+def llama_cpp_tokenize(code_model_path):
+    """llama.cpp's own tokenizer of the code model, as llama-server calls it (no BOS)."""
+    model = llama_cpp.Llama(str(code_model_path), vocab_only=True, verbose=False)
+
+    def tokenize(text: str, *, parse_special: bool) -> list[int]:
+        return model.tokenize(text.encode(), add_bos=False, special=parse_special)
+
+    yield tokenize
+    model.close()
 
 
 def test_infill_reads_llama_servers_layout_and_answers_deterministically(http):
@@ -214,3 +239,32 @@ def test_a_completion_whose_editor_leaves_frees_its_sequence(coder):
             assert received and received[0].startswith("data: ")
             assert coder.running_sequences() == 1
     assert wait_until(lambda: coder.running_sequences() == 0)
+
+
+def test_code_that_spells_control_tokens_is_tokenized_as_plain_characters(http,
+                                                                          llama_cpp_tokenize):
+    code = PREFIX + SPELLED
+    plain = tokens(http, code, parse_special=False)
+    assert plain == llama_cpp_tokenize(code, parse_special=False)
+    assert 0 not in plain and VOCAB.pre not in plain
+    parsed = tokens(http, code)  # every other caller: special tokens' text is the token
+    assert parsed == llama_cpp_tokenize(code, parse_special=True)
+    assert parsed[-2:] == [0, VOCAB.pre]
+
+
+def test_infill_reads_spelled_control_tokens_as_llama_server_does(http, llama_cpp_tokenize):
+    # The code (prefix, suffix, an extra chunk and its file name) spells control tokens; only
+    # `prompt` is parsed for them, as llama-server parses it.
+    extra = [{"filename": "fim<|endoftext|>.py", "text": SPELLED + "\n"}]
+    text = InfillText(PREFIX + SPELLED, SPELLED + SUFFIX, prompt="  <|endoftext|>",
+                      extra=(ExtraChunk(extra[0]["text"], extra[0]["filename"]),))  # fmt: skip
+    answer = infill(http, input_prefix=text.prefix, input_suffix=text.suffix, prompt=text.prompt,
+                    input_extra=extra, **GREEDY)  # fmt: skip
+    ids = {piece: llama_cpp_tokenize(piece.text, parse_special=piece.parse_special)
+           for piece in pieces(text, VOCAB)}  # fmt: skip
+    laid_out = layout(text, VOCAB, ids, n_batch=512, n_ctx=2048)
+    assert answer["tokens_evaluated"] == len(laid_out)
+    # The control tokens appear once each where llama-server puts them, never from the code.
+    assert laid_out.count(VOCAB.pre) == 1 and laid_out.count(0) == 1
+    parsed = {piece: llama_cpp_tokenize(piece.text, parse_special=True) for piece in ids}
+    assert len(layout(text, VOCAB, parsed, n_batch=512, n_ctx=2048)) != len(laid_out)

@@ -103,7 +103,9 @@ class FakeRunner:
 
     # --- text ------------------------------------------------------------------------------
 
-    def tokenize(self, text: str, add_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         return char_tokens(text)
 
     def piece(self, token: int) -> bytes:

@@ -30,9 +30,9 @@ def test_the_runner_is_called_on_the_engine_thread(make_engine):
     seen = []
 
     class Watching(FakeRunner):
-        def tokenize(self, text, add_special=True):
+        def tokenize(self, text, add_special=True, parse_special=True):
             seen.append(threading.current_thread().name)
-            return super().tokenize(text, add_special)
+            return super().tokenize(text, add_special, parse_special)
 
     engine, _ = make_engine(Watching())
     engine.tokenize("hi").result(timeout=5)

@@ -40,8 +40,16 @@ def test_the_ids_are_those_a_generation_of_the_same_text_counts(host, spec):
     done = [e for e in handle.events(timeout=300) if e.type == "done"][0]
     assert done.figures["prompt_tokens"] == len(tokens.ids)
     # The special token is parsed as one id, as in a prompt.
-    plain, _ = host.tokenize(spec, "<|im_start|>", add_special=False)
-    assert len(plain.result(timeout=60).ids) == 1
+    parsed, _ = host.tokenize(spec, "<|im_start|>", add_special=False)
+    assert len(parsed.result(timeout=60).ids) == 1
+
+
+def test_without_parse_special_a_special_tokens_text_is_plain_characters(host, spec):
+    # As llama-server reads /infill's code: the text, not the control token.
+    future, _ = host.tokenize(spec, "<|im_start|>", add_special=False, parse_special=False,
+                              with_pieces=True)  # fmt: skip
+    plain = future.result(timeout=300)
+    assert len(plain.ids) > 1 and b"".join(plain.pieces) == b"<|im_start|>"
 
 
 def test_pieces_join_to_the_text_and_detokenize_round_trips(host, spec):

@@ -4,6 +4,7 @@ agree with what a generation of the same text reports as its prompt_tokens."""
 
 import anthropic
 import httpx
+import llama_cpp
 import openai
 import pytest
 
@@ -41,6 +42,19 @@ def test_the_tokens_of_a_text_are_those_a_generation_of_it_counts(post, openai_c
     assert len(plain["tokens"]) <= len(tokens["tokens"])
 
 
+def test_parse_special_false_reads_special_tokens_text_as_plain_characters(post, starter_path):
+    text = "end<|endoftext|>"
+    parsed = post("/tokenize", {"content": text})["tokens"]
+    plain = post("/tokenize", {"content": text, "parse_special": False})["tokens"]
+    model = llama_cpp.Llama(str(starter_path), vocab_only=True, verbose=False)
+    try:
+        assert parsed == model.tokenize(text.encode(), add_bos=False, special=True)
+        assert plain == model.tokenize(text.encode(), add_bos=False, special=False)
+    finally:
+        model.close()
+    assert parsed[-1] == 0 and 0 not in plain and len(plain) > len(parsed)
+
+
 def test_detokenize_gives_back_the_text_and_pieces_join_to_it(post):
     ids = post("/tokenize", {"content": TEXT})["tokens"]
     assert post("/detokenize", {"tokens": ids}) == {"model": STARTER, "content": TEXT}
@@ -57,7 +71,7 @@ def test_ids_outside_the_vocabulary_and_bad_bodies_are_400s_naming_the_field(pos
     assert error["param"] == "tokens" and "vocabulary" in error["message"]
     assert post("/detokenize", {"tokens": [-1]}, status=400)["error"]["param"] == "tokens.0"
     assert post("/tokenize", {"content": 5}, status=400)["error"]["param"] == "content"
-    error = post("/tokenize", {"content": "x", "parse_special": False}, status=400)["error"]
+    error = post("/tokenize", {"content": "x", "parse_special": "no"}, status=400)["error"]
     assert error["param"] == "parse_special"
     assert post("/tokenize", {"model": "nope", "content": "x"}, status=404)["error"]
 

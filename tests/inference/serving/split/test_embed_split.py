@@ -47,6 +47,10 @@ async def test_a_worker_tokenizes_and_detokenizes(split_client, spec, shared_wor
     assert b"".join(tokens.pieces).decode() == text
     back = await split_client.detokenize(spec, list(tokens.tokens))
     assert back.text == text
+    special = await split_client.tokenize(spec, "<|im_start|>", add_special=False)
+    plain = await split_client.tokenize(spec, "<|im_start|>", add_special=False,
+                                        parse_special=False)  # fmt: skip
+    assert len(special.tokens) == 1 and len(plain.tokens) > 1
     with pytest.raises(TokenError) as refused:
         await split_client.detokenize(spec, [10_000_000])
     assert (refused.value.event["code"], refused.value.event["field"]) == ("invalid", "tokens")
