@@ -42,6 +42,13 @@ ENDPOINTS = [
     ("POST", "/tokenize", {"content": "x"}, "openai"),
     ("POST", "/detokenize", {"tokens": [1]}, "openai"),
     ("POST", "/apply-template", {"messages": [{"role": "user", "content": "x"}]}, "openai"),
+    ("POST", "/completion", {"prompt": "x"}, "openai"),
+    ("POST", "/infill", {"input_prefix": "x", "input_suffix": "y"}, "openai"),
+    ("GET", "/props", None, "openai"),
+    ("POST", "/v1/rerank", {"query": "x", "documents": ["y"]}, "openai"),
+    ("POST", "/v1/reranking", {"query": "x", "documents": ["y"]}, "openai"),
+    ("POST", "/rerank", {"query": "x", "documents": ["y"]}, "openai"),
+    ("POST", "/reranking", {"query": "x", "texts": ["y"]}, "openai"),
 ]  # fmt: skip
 IDS = [f"{method} {path}" for method, path, _, _ in ENDPOINTS]
 

@@ -28,7 +28,10 @@ USER = [{"role": "user", "content": "Hi"}]
 
 
 def answer() -> SimpleNamespace:
-    return SimpleNamespace(id="1", name="m", take_logprobs=lambda: [])
+    # run: what the engine said when it admitted the request (Anthropic's message_start).
+    run = SimpleNamespace(prompt_tokens=FIGURES["prompt_tokens"],
+                          cached_tokens=FIGURES["cached_tokens"])  # fmt: skip
+    return SimpleNamespace(id="1", name="m", take_logprobs=lambda: [], run=run)
 
 
 def writers(stream: bool) -> dict:
