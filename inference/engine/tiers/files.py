@@ -361,16 +361,7 @@ def stored(directory: Path) -> Iterator[tuple[int, int, Path]]:
     """(modification time, size, path) of every entry, image (tiers.images) and temporary file
     in a layout directory: what it takes on the disk. Files that vanish meanwhile are skipped."""
     yield from images.stored(directory)
-    try:
-        paths = [p for p in directory.iterdir() if p.suffix in (SUFFIX, TEMPORARY)]
-    except OSError:  # gone, or another user's: nothing this process can count or remove
-        return
-    for path in paths:
-        try:
-            stat = path.stat()
-        except OSError:
-            continue
-        yield stat.st_mtime_ns, stat.st_size, path
+    yield from framing.stored_files(directory, (SUFFIX, TEMPORARY))
 
 
 def entry_files(directory: Path) -> list[Path]:

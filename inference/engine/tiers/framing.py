@@ -14,6 +14,7 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -71,3 +72,19 @@ def read_header(source: BinaryIO, magic: bytes, version: int, max_header: int, *
     if not isinstance(fields, dict):
         raise bad(f"its header is not {what}'s")
     return fields, header_len
+
+
+def stored_files(directory: Path, suffixes: tuple[str, ...]) -> Iterator[tuple[int, int, Path]]:
+    """(modification time, size, path) of a directory's files with these suffixes: what they
+    take on the disk. A directory that is gone or another user's has none; files that vanish
+    meanwhile are skipped."""
+    try:
+        paths = [p for p in Path(directory).iterdir() if p.suffix in suffixes]
+    except OSError:
+        return
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        yield stat.st_mtime_ns, stat.st_size, path

@@ -123,16 +123,7 @@ def stored(directory: Path) -> Iterator[tuple[int, int, Path]]:
     except OSError:  # none, or another user's
         return
     for partition in partitions:
-        try:
-            paths = [p for p in partition.iterdir() if p.suffix in (SUFFIX, TEMPORARY)]
-        except OSError:
-            continue
-        for path in paths:
-            try:
-                stat = path.stat()
-            except OSError:
-                continue
-            yield stat.st_mtime_ns, stat.st_size, path
+        yield from framing.stored_files(partition, (SUFFIX, TEMPORARY))
 
 
 def forget(directory: Path, partition: str | None = None, *, everything: bool = False) -> int:
