@@ -17,16 +17,6 @@ CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>
 GREEDY = {"temperature": 0, "n_predict": 12}
 
 
-@pytest.fixture
-def post(http, chat_headers):
-    def send(path: str, body: dict, status: int = 200) -> dict:
-        answer = http.post(path, json=body, headers=chat_headers)
-        assert answer.status_code == status, answer.text
-        return answer.json()
-
-    return send
-
-
 def tokens(post, text: str, add_special: bool) -> list[int]:
     return post("/tokenize", {"content": text, "add_special": add_special})["tokens"]
 

@@ -18,16 +18,6 @@ CHAT = [{"role": "system", "content": "You are terse."},
 
 
 @pytest.fixture
-def post(http, chat_headers):
-    def send(path: str, body: dict, status: int = 200) -> dict:
-        answer = http.post(path, json=body, headers=chat_headers)
-        assert answer.status_code == status, answer.text
-        return answer.json()
-
-    return send
-
-
-@pytest.fixture
 def openai_client(appliance) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{appliance.url}/v1", api_key=appliance.keys["chat-app"],
                          max_retries=0, timeout=120)  # fmt: skip
