@@ -12,6 +12,11 @@ Scenarios (each returns a plain dict of figures):
   after another with a pause between; the flood's output tok/s is counted over the same window.
 - `mixed`: `clients` clients on one key for `duration_s`, each sending its own seeded sequence
   of short chats, medium prompts and documents back to back.
+- `clients`: `clients` clients on one key for `duration_s`, each sending back to back questions
+  of 5-95 words for answers of 8-96 tokens, with a person's chats beside them if asked.
+
+Output tokens are the servers' own counts (usage), not chunks: a step that keeps a draft sends
+its tokens in one chunk, and counting chunks would make speculation look slower than it is.
 """
 
 import asyncio
@@ -41,6 +46,7 @@ class Answer:
     first: float | None = None
     token_times: list[float] = field(default_factory=list)
     completion_tokens: int | None = None  # the server's own count, when it reports usage
+    complete: bool = False  # the stream ended as the server ended it (not cut off, no error)
     error: str | None = None
 
     @property
@@ -63,12 +69,16 @@ class Target:
 
 
 async def chat(client: httpx.AsyncClient, target: Target, caller: str, content: str,
-               max_tokens: int, on_token=None) -> Answer:  # fmt: skip
-    """One streamed chat completion, greedy; every chunk with text is a token."""
+               max_tokens: int, answers: list | None = None) -> Answer:  # fmt: skip
+    """One streamed chat completion, greedy: each chunk with text is timed (a chunk may carry
+    several tokens where a step kept a draft: `tokens_within` counts them). With `answers`, the
+    answer is added to it when sent, so a load that is cut off still counts what it got."""
     body = {"model": target.model, "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
     answer = Answer(time.perf_counter())
+    if answers is not None:
+        answers.append(answer)
     try:
         async with client.stream("POST", f"{target.url}/v1/chat/completions", json=body,
                                  headers=target.headers[caller]) as response:  # fmt: skip
@@ -90,11 +100,30 @@ async def chat(client: httpx.AsyncClient, target: Target, caller: str, content: 
                         if answer.first is None:
                             answer.first = now
                         answer.token_times.append(now)
-                        if on_token is not None:
-                            on_token(now)
+        answer.complete = answer.error is None
     except httpx.HTTPError as exc:
         answer.error = f"{type(exc).__name__}: {exc}"
     return answer
+
+
+def tokens_within(answers: list[Answer], start: float, end: float) -> float:
+    """Output tokens sent between `start` and `end`: each answer's own count (the server's
+    usage) spread evenly over its chunks, so a chunk that carries several tokens (a step that
+    kept a draft sends them at once, on either server) counts them all. An answer cut off
+    before its usage came counts at the tokens per chunk of the answers that ended."""
+    ended = [a for a in answers if a.completion_tokens and a.token_times]
+    chunks = sum(len(a.token_times) for a in ended)
+    usual = sum(a.completion_tokens for a in ended) / chunks if chunks else 1.0
+    total = 0.0
+    for answer in answers:
+        if not answer.token_times:
+            continue
+        inside = sum(start <= t <= end for t in answer.token_times)
+        if answer.completion_tokens:
+            total += inside * answer.completion_tokens / len(answer.token_times)
+        else:
+            total += inside * usual
+    return total
 
 
 def p(values: list[float], q: float) -> float | None:
@@ -124,7 +153,7 @@ async def alone(target: Target, *, persons: int, person_out: int, salt: int) -> 
 async def flood(target: Target, *, app: str, streams: int, doc_words: int, doc_out: int,
                 persons: int, person_out: int, settle_s: float, gap_s: float,
                 salt: int) -> dict:  # fmt: skip
-    produced: list[float] = []
+    flood_answers: list[Answer] = []
     errors: list[str] = []
     salts = iter(range(salt + 1000, salt + 1_000_000))
     stop = asyncio.Event()
@@ -132,7 +161,7 @@ async def flood(target: Target, *, app: str, streams: int, doc_words: int, doc_o
     async def keep_one_going(client: httpx.AsyncClient) -> None:
         while not stop.is_set():
             answer = await chat(client, target, app, document(next(salts), doc_words), doc_out,
-                                on_token=produced.append)  # fmt: skip
+                                answers=flood_answers)  # fmt: skip
             if answer.error and not stop.is_set():
                 errors.append(answer.error)
                 await asyncio.sleep(1)
@@ -152,11 +181,11 @@ async def flood(target: Target, *, app: str, streams: int, doc_words: int, doc_o
             worker.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
     _check(during, "the person's chats during the flood")
-    window = [t for t in produced if started <= t <= ended]
     ttfts = [a.ttft for a in during]
+    produced = tokens_within(flood_answers, started, ended)
     return {"ttft_p50_s": statistics.median(ttfts), "ttft_max_s": max(ttfts),
             "itl_p99_s": p([g for a in during for g in a.gaps()], 0.99),
-            "flood_output_tps": len(window) / (ended - started), "flood_errors": len(errors),
+            "flood_output_tps": produced / (ended - started), "flood_errors": len(errors),
             "first_flood_error": errors[0] if errors else None}  # fmt: skip
 
 
@@ -169,7 +198,6 @@ async def mixed(target: Target, *, clients: int, duration_s: float, salt: int) -
     """Each client sends its own seeded sequence of requests for `duration_s`; an answer counts
     as done when it ends inside the window; tokens are counted inside it."""
     answers: list[Answer] = []
-    produced: list[float] = []
 
     async def one_client(client: httpx.AsyncClient, index: int, deadline: float) -> None:
         rng = random.Random(salt * 100 + index)
@@ -180,8 +208,7 @@ async def mixed(target: Target, *, clients: int, duration_s: float, salt: int) -
             n += 1
             seed = salt * 10_000 + index * 1000 + n
             content = document(seed, words) if words else QUESTION.format(n=seed)
-            answer = await chat(client, target, "mixed", content, out, on_token=produced.append)
-            answers.append(answer)
+            await chat(client, target, "mixed", content, out, answers=answers)
 
     async with _client() as client:
         started = time.perf_counter()
@@ -191,11 +218,11 @@ async def mixed(target: Target, *, clients: int, duration_s: float, salt: int) -
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    done = [a for a in answers if a.error is None and a.token_times
+    done = [a for a in answers if a.complete and a.token_times
             and a.token_times[-1] <= deadline]  # fmt: skip
     ttfts = [a.ttft for a in answers if a.first is not None and a.first <= deadline]
     return {"requests_done": len(done),
-            "output_tps": sum(started <= t <= deadline for t in produced) / duration_s,
+            "output_tps": tokens_within(answers, started, deadline) / duration_s,
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "itl_p99_s": p([g for a in answers for g in a.gaps(started, deadline)], 0.99),
             "errors": sum(a.error is not None for a in answers)}  # fmt: skip
@@ -205,3 +232,63 @@ def _check(answers: list[Answer], what: str) -> None:
     failed = [a.error for a in answers if a.error or a.first is None]
     if failed:
         raise RuntimeError(f"{what} failed: {failed[0] or 'no text'}")
+
+
+CLIENT_WORDS = (5, 95)  # a client's prompt, in words (issue 32's load)
+CLIENT_OUT = (8, 96)  # its max_tokens
+
+
+async def clients(target: Target, *, clients: int, duration_s: float, salt: int,
+                  persons: int = 0, person_out: int = 32, gap_s: float = 1.0,
+                  settle_s: float = 0.0) -> dict:  # fmt: skip
+    """`clients` clients on one key ("mixed") for `duration_s`, each sending back to back its
+    own seeded requests: a question of 5-95 words, an answer of at most 8-96 tokens. With
+    `persons`, a person's short chats run one after another beside them (after `settle_s`, a
+    `gap_s` pause between): their TTFT and ITL are the person's figures."""
+    answers: list[Answer] = []
+
+    async def one_client(client: httpx.AsyncClient, index: int, deadline: float) -> None:
+        rng = random.Random(salt * 100 + index)
+        n = 0
+        while time.perf_counter() < deadline:
+            n += 1
+            seed = salt * 10_000 + index * 1000 + n
+            words = rng.randint(*CLIENT_WORDS)
+            content = "Answer briefly. " + " ".join(prompt_text(words * 2, seed).split()[:words])
+            await chat(client, target, "mixed", content, rng.randint(*CLIENT_OUT),
+                       answers=answers)  # fmt: skip
+
+    async def the_person(client: httpx.AsyncClient, deadline: float) -> list[Answer]:
+        await asyncio.sleep(settle_s)
+        chats = []
+        for i in range(persons):
+            if time.perf_counter() >= deadline:
+                break
+            chats.append(await chat(client, target, "person", QUESTION.format(n=salt + 700 + i),
+                                    person_out))  # fmt: skip
+            await asyncio.sleep(gap_s)
+        return chats
+
+    async with _client() as client:
+        started = time.perf_counter()
+        deadline = started + duration_s
+        tasks = [asyncio.create_task(one_client(client, i, deadline)) for i in range(clients)]
+        person = asyncio.create_task(the_person(client, deadline)) if persons else None
+        await asyncio.sleep(duration_s)
+        during = await person if person is not None else []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    done = [a for a in answers if a.complete and a.token_times
+            and a.token_times[-1] <= deadline]  # fmt: skip
+    ttfts = [a.ttft for a in answers if a.first is not None and a.first <= deadline]
+    result = {"requests_done": len(done),
+              "output_tps": tokens_within(answers, started, deadline) / duration_s,
+              "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+              "itl_p99_s": p([g for a in answers for g in a.gaps(started, deadline)], 0.99),
+              "errors": sum(a.error is not None for a in answers)}  # fmt: skip
+    if persons:
+        _check(during, "the person's chats beside the clients")
+        result["person_ttft_p50_s"] = statistics.median(a.ttft for a in during)
+        result["person_itl_p99_s"] = p([g for a in during for g in a.gaps()], 0.99)
+    return result

@@ -4,6 +4,7 @@ own; its model runs in a runner process it supervises) and llama-server (built f
 llama.cpp that llama-cpp-python vendors: see bench/versus_server.py)."""
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -140,7 +141,17 @@ class Appliance(Server):
         for command in self.extra_setup:
             self._manage(*command)
 
-    def start(self) -> Target:
+    def forget_kept_prompts(self) -> None:
+        """Drop the warm memory the last measurement left on disk (see `start`)."""
+        shutil.rmtree(Path(self.data.name) / "kv-cache", ignore_errors=True)
+
+    def start(self, *, cold: bool = True) -> Target:
+        # A measurement reads cold unless it measures a restart (`cold=False`): warm memory
+        # kept on disk by the last one would hand this one the same prompts' KV (benchmarks
+        # repeat their salts), and the side that ran second would look faster (seen:
+        # SPECULATIVE_DECODING off at 1.6x auto's output, run after it).
+        if cold:
+            self.forget_kept_prompts()
         port = free_port()
         log = Path(self.data.name) / "serve.log"
         with open(log, "w") as out:

@@ -26,6 +26,13 @@ Scenarios (issue 18):
           so it runs once): the person's TTFT p50 and ITL p99, the flood's output tok/s
   mixed   8 clients on one key for 60 s, short chats, medium prompts and documents: requests
           done, output tok/s, TTFT p50, ITL p99
+  clients (issue 32) 8 and 16 clients on one key for 60 s, questions of 5-95 words, answers of
+          8-96 tokens, a person chatting beside them: the appliance with speculation auto (its
+          default) and off, llama-server -np --parallel: output tok/s, TTFT p50, ITL p99, the
+          person's TTFT p50 and ITL p99
+  frontier (issue 32) the same 8 clients without the person, the appliance at each ITL target
+          of --targets, llama-server at each -np of --nps: output tok/s, TTFT p50 and ITL p99
+          for each, the table the default ITL target is chosen from
 
 It prints a line per measurement, the goals met or not, and last ONE JSON line.
 """
@@ -51,22 +58,47 @@ from inference.catalog.starter import starter_model_path  # noqa: E402
 # ~145 tok/s, the first seven 800-token documents alone take ~40 s, and a person who came
 # sooner would meet the flood's start rather than the flood.
 FULL = dict(persons=5, person_out=32, streams=12, doc_words=600, doc_out=128, settle_s=60.0,
-            gap_s=2.0, clients=8, duration_s=60.0)  # fmt: skip
+            gap_s=2.0, clients=8, duration_s=60.0, clients_settle_s=10.0)  # fmt: skip
 QUICK = dict(FULL, persons=3, streams=6, doc_words=300, doc_out=64, settle_s=8.0, gap_s=1.0,
-             duration_s=20.0)  # fmt: skip
-SCENARIOS = ("alone", "flood", "mixed")
+             duration_s=20.0, clients_settle_s=4.0)  # fmt: skip
+SCENARIOS = ("alone", "flood", "mixed", "clients", "frontier")
+DEFAULT_SCENARIOS = ("alone", "flood", "mixed", "clients")  # the frontier is asked for by name
+CLIENT_COUNTS = (8, 16)
+SPECULATION = ("auto", "off")  # the appliance's SPECULATIVE_DECODING in `clients`
 GOALS = [  # (key, "<=" or ">=", goal): issue 18
     ("flood_ttft_default_s", "<=", 2.0), ("flood_ttft_background_s", "<=", 1.0),
     ("flood_itl_p99_default_ms", "<=", 150), ("flood_itl_p99_background_ms", "<=", 150),
     ("flood_output_ratio_background", ">=", 1.0),
     ("mixed_output_ratio", ">=", 0.95), ("mixed_requests_ratio", ">=", 0.95),
     ("mixed_itl_p99_ms", "<=", 150), ("mixed_ttft_ratio", "<=", 1.3),
+    ("clients8_output_ratio", ">=", 1.0), ("clients8_ttft_ratio", "<=", 1.2),
+    ("clients8_itl_p99_ms", "<=", 150), ("clients8_person_ttft_s", "<=", 1.0),
+    ("clients8_person_itl_p99_ms", "<=", 150), ("clients16_person_itl_p99_ms", "<=", 150),
+    ("clients8_speculation_ratio", ">=", 0.97),
 ]  # fmt: skip
 CPUS = os.cpu_count() or 1
 
 
 def log(message: str) -> None:
     print(message, flush=True)
+
+
+def with_env(appliance: Appliance, **env: str):
+    """The appliance started with these settings added (its data and keys stay)."""
+    saved = dict(appliance.env)
+    appliance.env.update(env)
+    return saved
+
+
+def measure_with(server: Server, env: dict[str, str], scenario, **kwargs) -> dict:
+    """`measure`, with the appliance's settings changed for this measurement only."""
+    if not env or not isinstance(server, Appliance):
+        return measure(server, scenario, **kwargs)
+    saved = with_env(server, **env)
+    try:
+        return measure(server, scenario, **kwargs)
+    finally:
+        server.env = saved
 
 
 def measure(server: Server, scenario, **kwargs) -> dict:
@@ -128,6 +160,87 @@ def run_round(r: int, appliance: Appliance, server: LlamaServer, only: list[str]
                 f"{row['errors']} errors (others used {row['other_cpu_share']:.0%} CPU)")
 
 
+def client_sides(appliance: Appliance, server: LlamaServer):
+    """`clients`' sides: (name, server, env for the appliance)."""
+    sides = [(f"appliance_spec_{mode}", appliance, {"SPECULATIVE_DECODING": mode})
+             for mode in SPECULATION]  # fmt: skip
+    return sides + [("llama-server", server, {})]
+
+
+def frontier_sides(appliance: Appliance, server: LlamaServer, targets: list[int],
+                   nps: list[int]):  # fmt: skip
+    sides = [(f"appliance_itl_{t}", appliance, {"ITL_TARGET_MS": str(t)}) for t in targets]
+    for n in nps:
+        side = LlamaServer(server.binary, server.model, server.threads, n, server.ctx_per_seq)
+        sides.append((f"llama-server_np_{n}", side, {}))
+    return sides
+
+
+def run_clients(r: int, sides: list, sizes: dict, rows: dict, *, scenario: str, counts,
+                persons: int) -> None:  # fmt: skip
+    salt = 5000 + 1000 * r
+    ordered = sides if r % 2 == 0 else list(reversed(sides))
+    for n in counts:
+        for name, side, env in ordered:
+            row = measure_with(side, env, http_load.clients, clients=n,
+                               duration_s=sizes["duration_s"], salt=salt, persons=persons,
+                               person_out=sizes["person_out"], gap_s=sizes["gap_s"],
+                               settle_s=sizes["clients_settle_s"])  # fmt: skip
+            rows.setdefault((name, f"{scenario}{n}"), []).append(row)
+            person = (f"; the person's TTFT {row['person_ttft_p50_s']:.2f} s, ITL p99 "
+                      f"{ms(row['person_itl_p99_s'])}" if persons else "")  # fmt: skip
+            log(f"  round {r} {name} {scenario} {n} clients: {row['requests_done']} requests, "
+                f"{row['output_tps']:.1f} output tok/s, TTFT p50 {row['ttft_p50_s'] or 0:.2f} s, "
+                f"ITL p99 {ms(row['itl_p99_s'])}{person}, {row['errors']} errors (others used "
+                f"{row['other_cpu_share']:.0%} CPU)")  # fmt: skip
+
+
+def summarize_clients(rows: dict, results: dict, counts) -> None:
+    def med(side: str, key: str, n: int) -> float:
+        values = [row[key] for row in rows.get((side, f"clients{n}"), [])
+                  if row.get(key) is not None]  # fmt: skip
+        return statistics.median(values) if values else float("nan")
+
+    for n in counts:
+        ours, off = "appliance_spec_auto", "appliance_spec_off"
+        theirs = "llama-server"
+        results[f"clients{n}_output_tps"] = med(ours, "output_tps", n)
+        results[f"clients{n}_output_tps_spec_off"] = med(off, "output_tps", n)
+        results[f"clients{n}_output_tps_llama_server"] = med(theirs, "output_tps", n)
+        results[f"clients{n}_output_ratio"] = med(ours, "output_tps", n) / med(theirs,
+                                                                               "output_tps", n)
+        results[f"clients{n}_speculation_ratio"] = (med(ours, "output_tps", n)
+                                                    / med(off, "output_tps", n))  # fmt: skip
+        results[f"clients{n}_ttft_s"] = med(ours, "ttft_p50_s", n)
+        results[f"clients{n}_ttft_llama_server_s"] = med(theirs, "ttft_p50_s", n)
+        results[f"clients{n}_ttft_ratio"] = med(ours, "ttft_p50_s", n) / med(theirs,
+                                                                            "ttft_p50_s", n)
+        results[f"clients{n}_itl_p99_ms"] = 1000 * med(ours, "itl_p99_s", n)
+        results[f"clients{n}_itl_p99_llama_server_ms"] = 1000 * med(theirs, "itl_p99_s", n)
+        for side, key in ((ours, ""), (theirs, "_llama_server")):
+            results[f"clients{n}_person_ttft{key}_s"] = med(side, "person_ttft_p50_s", n)
+            results[f"clients{n}_person_itl_p99{key}_ms"] = 1000 * med(side, "person_itl_p99_s",
+                                                                       n)  # fmt: skip
+
+
+def frontier_table(rows: dict, sides: list) -> list[dict]:
+    """One row per side of the frontier: its output, TTFT p50 and ITL p99 (medians)."""
+    table = []
+    for name, _, _ in sides:
+        measured = rows.get((name, "frontier8"), [])
+        if not measured:
+            continue
+
+        def med(key: str, measured=measured) -> float:
+            values = [row[key] for row in measured if row.get(key) is not None]
+            return statistics.median(values) if values else float("nan")
+
+        table.append({"side": name, "output_tps": round(med("output_tps"), 2),
+                      "ttft_p50_s": round(med("ttft_p50_s"), 3),
+                      "itl_p99_ms": round(1000 * med("itl_p99_s"), 1)})  # fmt: skip
+    return table
+
+
 def summarize(rows: dict, only: list[str]) -> dict:
     def med(side: str, scenario: str, key: str) -> float:
         values = [row[key] for row in rows[side, scenario] if row.get(key) is not None]
@@ -169,7 +282,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--parallel", type=int, default=4, help="llama-server's -np")
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
-    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--only", default=",".join(DEFAULT_SCENARIOS))
+    parser.add_argument("--targets", default="50,100,150,200,250",
+                        help="the frontier's appliance ITL targets, ms")
+    parser.add_argument("--nps", default="2,4,8", help="the frontier's llama-server -np")
+    parser.add_argument("--counts", default=",".join(map(str, CLIENT_COUNTS)),
+                        help="clients in `clients`")
     parser.add_argument("--quick", action="store_true", help="a smoke run: smaller, shorter")
     args = parser.parse_args()
     if not args.model or not os.path.isfile(args.model):
@@ -190,14 +308,35 @@ def main() -> None:
     started = time.perf_counter()
     rows: dict = {(side, scenario): [] for side in ("appliance", "llama-server")
                   for scenario in ("alone", "flood_default", "flood_background", "mixed")}
+    counts = [int(n) for n in args.counts.split(",") if n]
+    frontier = frontier_sides(appliance, server, [int(t) for t in args.targets.split(",") if t],
+                              [int(n) for n in args.nps.split(",") if n])  # fmt: skip
     try:
         appliance.setup()
         for r in range(rounds):
             run_round(r, appliance, server, only, sizes, rows)
+            if "clients" in only:
+                run_clients(r, client_sides(appliance, server), sizes, rows,
+                            scenario="clients", counts=counts,
+                            persons=sizes["persons"])  # fmt: skip
+            if "frontier" in only:
+                run_clients(r, frontier, sizes, rows, scenario="frontier", counts=(8,),
+                            persons=0)  # fmt: skip
     finally:
         appliance.close()
         server.close()
+        for _, side, _ in frontier:
+            if side is not appliance:
+                side.close()
     results = summarize(rows, only)
+    if "clients" in only:
+        summarize_clients(rows, results, counts)
+    if "frontier" in only:
+        results["frontier"] = frontier_table(rows, frontier)
+        log("the frontier (8 clients, medians over rounds):")
+        for row in results["frontier"]:
+            log(f"  {row['side']:>22}: {row['output_tps']:6.1f} output tok/s, TTFT p50 "
+                f"{row['ttft_p50_s']:.2f} s, ITL p99 {row['itl_p99_ms']:.0f} ms")
     log(f"goals ({time.perf_counter() - started:.0f} s in all"
         f"{'; --quick figures are not the benchmark' if args.quick else ''}):")  # fmt: skip
     for key, op, goal in GOALS:
