@@ -2,9 +2,9 @@
 
 1. The target. A step that carries an interactive decoding stream (a person reads it) may take
    `itl_target`; a step whose decoding streams are all background (an app, or an answer whose
-   page has gone) may take the loose `background_itl_target`, so a flood runs at the batch size
-   that suits the machine and still never freezes; with nobody decoding, or unchunked, a step
-   takes the whole batch (n_batch).
+   page has gone) is sized at the cost curve's knee within the loose `background_itl_target`
+   (8. below), so a flood runs at the batch size that suits the machine and still never
+   freezes; with nobody decoding, or unchunked, a step takes the whole batch (n_batch).
 2. The cost of a step. Measured step times are kept by size, in buckets of powers of two, each
    the median of its own last few steps (one step stalled by another process moves nothing),
    and read as a curve through the buckets' centroids: per-token cost falls with size and not
@@ -13,7 +13,7 @@
    small and large steps gets wrong at both ends. Where no bucket has data, and beyond the
    measured sizes, a linear fit `overhead + per_token * tokens` (online least squares with
    forgetting) stands in.
-3. The budget is the largest step the curve predicts to fit the target (with a safety margin),
+3. The budget is the largest step the curve predicts to fit the target (with headroom, 7.),
    so a mixed step carries as many prompt tokens as the target allows, never fewer than one
    token per decoding sequence plus `min_chunk`, never more than n_batch.
 4. The starvation guard: when even the decodes alone overrun the target (an overloaded box, a
@@ -23,11 +23,43 @@
    a person reads for an app's sake.
 5. Seconds a step spends besides its tokens (restoring kept prompts, inference.engine.tiers)
    come off the target before the tokens are counted.
+6. The target is a reader's: the gap between two tokens is the step's run and the work between
+   two runs (scheduling, handing tokens over, the runner's round trip), so the measured time
+   between runs comes off the target too (`between_steps`).
+7. Its own error. Each step's prediction is kept beside what the step took (`StepError`), and
+   the headroom is what that error says, not a fixed margin: the run may take the target
+   divided by the 90th percentile of actual/predicted over recent steps, so nine steps in ten
+   end within the target and the steps fill it rather than staying far under it (with a
+   prior of 0.8 until enough steps are measured). The step log shows each step's target and
+   prediction beside its time.
+8. A step nobody reads (all background) is sized at the knee of the cost curve, not the whole
+   loose target: the smallest measured size whose cost per token is within KNEE_SLACK of the
+   cheapest within the target. A flood loses next to nothing by it (past the knee, larger
+   steps save little per token), and a person who arrives waits behind a step of that size,
+   not of the whole background target. How much shorter that is depends on the machine: on
+   the 2-core CPU measured, a 265-token step still cost 3.2 ms a token against 3.7 at 129 and
+   5 at 17, so its knee stays near the loose target.
+9. Steps that verify drafts (speculation) are timed on a curve of their own (`verify_times`):
+   logits at every drafted position, and streams of unequal length that llama.cpp splits into
+   several passes, make them dearer than a plain step of the same size (on the 2-core CPU,
+   eight clients: the one curve read 20 tokens at 87 ms, plain steps took 83 for 24). Mixed
+   into one curve they read every
+   size as dearer than it is, the budget shrank every step, and speculation measured its
+   payoff against the inflated curve and went on. The runner's calibration (logits at every
+   position) starts both curves: the verify curve keeps its sizes, the plain curve lets its
+   own steps replace them (they overstate a prompt chunk, so the first chunks err small).
 """
 
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+
+ERROR_QUANTILE = 0.9  # the share of steps meant to end within their target
+ERROR_WINDOW = 64  # recent steps whose error is weighed
+ERROR_SAMPLES = 16  # steps measured before the error replaces the prior headroom
+HEADROOM = (0.5, 1.0)  # the least and most of the target a step is planned to take
+BETWEEN_WINDOW = 32  # recent gaps between two runs whose median is the work between steps
+KNEE_SLACK = 0.1  # a background step's cost per token may exceed the cheapest by this much
 
 
 @dataclass(slots=True)
@@ -174,6 +206,35 @@ class StepTimes:
         return max(0, min(limit, int(best)))
 
 
+@dataclass(slots=True)
+class StepError:
+    """How far steps land from their prediction: the ratio actual / predicted of the recent
+    steps, and the headroom it leaves (7. above)."""
+
+    prior: float = 0.8  # the headroom until ERROR_SAMPLES steps are measured
+    ratios: deque = field(default_factory=lambda: deque(maxlen=ERROR_WINDOW))
+
+    def observe(self, predicted: float, actual: float) -> None:
+        if predicted > 0 and actual > 0:
+            self.ratios.append(actual / predicted)
+
+    def quantile(self) -> float | None:
+        """The ERROR_QUANTILE of actual / predicted; None until enough steps are measured."""
+        if len(self.ratios) < ERROR_SAMPLES:
+            return None
+        ordered = sorted(self.ratios)
+        return ordered[min(len(ordered) - 1, int(ERROR_QUANTILE * len(ordered)))]
+
+    @property
+    def headroom(self) -> float:
+        """The share of its target a step is planned to take."""
+        error = self.quantile()
+        if error is None:
+            return self.prior
+        low, high = HEADROOM
+        return min(high, max(low, 1.0 / error))
+
+
 class TokenBudget:
     def __init__(
         self,
@@ -183,7 +244,7 @@ class TokenBudget:
         background_itl_target: float = 1.0,  # seconds: steps whose streams are all background
         min_chunk: int = 1,  # a prefill always advances by at least this much: nothing starves
         starved_chunk: int = 32,  # the prompt's share when no target can be met (tokens())
-        safety: float = 0.8,  # headroom for noise and the work between steps
+        safety: float = 0.8,  # the headroom until the steps' own error is measured (7.)
         chunked: bool = True,  # False: whole prompts in one step (the baseline)
         cost: StepCostModel | None = None,  # the linear fit's priors, until steps are measured
     ):
@@ -192,9 +253,31 @@ class TokenBudget:
         self.background_itl_target = background_itl_target
         self.min_chunk = min_chunk
         self.starved_chunk = starved_chunk
-        self.safety = safety
+        self.error = StepError(prior=safety)
         self.chunked = chunked
         self.times = StepTimes(linear=cost or StepCostModel())
+        self.verify_times = StepTimes()  # steps that verify drafts (9. above)
+        self._between: deque[float] = deque(maxlen=BETWEEN_WINDOW)
+
+    @property
+    def safety(self) -> float:
+        """The share of the target a step's run is planned to take (7. above)."""
+        return self.error.headroom
+
+    @property
+    def between_steps(self) -> float:
+        """The median measured time between two runs (6. above); 0 until measured."""
+        return statistics.median(self._between) if self._between else 0.0
+
+    def observe_between(self, seconds: float) -> None:
+        """The time from one step's run to the next's, while there was work all along."""
+        if seconds >= 0:
+            self._between.append(seconds)
+
+    def limit(self, interactive: bool) -> float:
+        """The seconds a step's run may take: its target less the work between runs, with the
+        headroom its measured error leaves."""
+        return max(0.0, self.target(interactive) - self.between_steps) * self.safety
 
     @property
     def cost(self) -> StepCostModel:
@@ -206,7 +289,32 @@ class TokenBudget:
         self.times.linear = model
 
     def target(self, interactive: bool) -> float:
-        return self.itl_target if interactive else self.background_itl_target
+        """The step's target: the ITL target while a person reads a stream in it, else the
+        time of a step at the cost curve's knee, within the loose background target (8.)."""
+        if interactive:
+            return self.itl_target
+        return max(self.itl_target, min(self.background_itl_target, self.knee_seconds()))
+
+    def knee_seconds(self) -> float:
+        """A step's time at the knee of the measured cost curve (8. above): the smallest size
+        whose cost per token is within KNEE_SLACK of the cheapest measured within the loose
+        target; the loose target itself until sizes are measured."""
+        loose = self.background_itl_target
+        points = [(n, t) for n, t in self.times.curve() if 0 < t <= loose and n >= 1]
+        if len(points) < 2:
+            return loose
+        # The largest size the loose target allows, as the linear fit extends the curve: where
+        # it promises a cheaper token than any measured, the knee moves there and the steps
+        # sized by it measure whether it holds (on a GPU the curve flattens far beyond the
+        # sizes the decodes alone reach).
+        largest = self.times.largest_within(loose, self.max_batch)
+        if largest > points[-1][0]:
+            points.append((largest, self.times.predict(largest)))
+        cheapest = min(t / n for n, t in points)
+        for n, t in points:
+            if t / n <= cheapest * (1 + KNEE_SLACK):
+                return t
+        return loose
 
     def tokens(
         self, decoding: int, interactive: bool = True, *, reserved_s: float = 0.0,
@@ -219,7 +327,7 @@ class TokenBudget:
         gets only what fits the target."""
         if decoding == 0 or not self.chunked:
             return self.max_batch
-        target = self.target(interactive) * self.safety - reserved_s
+        target = self.limit(interactive) - reserved_s
         allowed = self.times.largest_within(target, self.max_batch) if target > 0 else 0
         floor = decoding + self.min_chunk
         if allowed < decoding:
@@ -242,6 +350,15 @@ class TokenBudget:
             return min(self.max_batch, allowed)
         return min(self.max_batch, max(floor, allowed))  # a step never exceeds n_batch
 
+    def background_tokens(self) -> int:
+        """The tokens of a step that reads background prompts with nobody decoding: a
+        background step's (8.), not the whole batch, so a person who comes meanwhile waits for
+        a step at the knee only."""
+        if not self.chunked:
+            return self.max_batch
+        limit = self.limit(False)
+        return max(self.min_chunk, self.times.largest_within(limit, self.max_batch))
+
     def seconds_per_prompt_token(self) -> float:
         """What reading a prompt costs per token at the best batch size measured: the price
         of recomputing a prefix instead of restoring it (inference.engine.tiers.costs)."""
@@ -249,9 +366,26 @@ class TokenBudget:
 
     def fits(self, tokens: int, interactive: bool = True) -> bool:
         """Whether a step of this many tokens is predicted to meet its target."""
-        return self.times.predict(tokens) <= self.target(interactive) * self.safety
+        return self.times.predict(tokens) <= self.limit(interactive)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, seconds: float, predicted: float | None = None, *,
+                verified: bool = False) -> None:  # fmt: skip
         """Record a step of `tokens` tokens (decodes and prompt chunks alike) that took
-        `seconds`: the linear fit and the step's size bucket both learn from it."""
+        `seconds`, `predicted` before it ran: its curve (`verified`: it verified drafts, 9.)
+        learns from it, and the error from how far it landed from its prediction."""
+        if predicted is not None:
+            self.error.observe(predicted, seconds)
+        (self.verify_times if verified else self.times).observe(tokens, seconds)
+
+    def calibrate(self, tokens: int, seconds: float) -> None:
+        """A step timed at load (runner.calibrate, logits at every position): 9. above."""
+        self.verify_times.calibrate(tokens, seconds)
         self.times.observe(tokens, seconds)
+
+    def predict_verified(self, tokens: int) -> float:
+        """A step's seconds at this size when it verifies drafts (9.): on their own curve once
+        it has points, never below a plain step's."""
+        plain = self.times.predict(tokens)
+        if not self.verify_times.curve():
+            return plain
+        return max(plain, self.verify_times.predict(tokens))

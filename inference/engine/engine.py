@@ -197,6 +197,9 @@ class Engine:
         self.speculation = speculation
         self.telemetry = Telemetry(window_s=telemetry_window)
         self.max_queue = max_queue
+        # When the last step's run ended, while work went on since: the time from it to the
+        # next run is the work between steps that a reader's ITL holds (budget.py, 6.).
+        self._last_run_end: float | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
         self._paused: set[str] = set()  # ids of the requests the last step left out by priority
@@ -581,6 +584,8 @@ class Engine:
     def _loop(self) -> None:
         try:
             while not self._stopping.is_set():
+                if not self.scheduler.has_work:
+                    self._last_run_end = None  # an idle wait is no time between two steps
                 self._drain_inbox(block=not self.scheduler.has_work)
                 if self.scheduler.has_work and not self._stopping.is_set():
                     self.step()
@@ -754,11 +759,15 @@ class Engine:
             self.telemetry.record_reuse(request.cached_tier, request.cached_tokens,
                                         request.restore_time, self._saved_seconds(request))
         if not plan.chunks:
+            self._last_run_end = None
             self._counts = self.scheduler.counts()
             return
         if self._encoder is not None:  # the steps leave the encoder its cores while it works
             self.runner.share_cores(self._encoder.busy > 0)
         started = time.perf_counter()
+        if self._last_run_end is not None:  # less what the budget counts apart (KV, drafts)
+            copies = plan.saved_s + plan.restored_s + self.scheduler.drafting_s
+            self.budget.observe_between(started - self._last_run_end - copies)
         try:
             sampled = self.runner.execute(plan.chunks)
         except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests only
@@ -767,12 +776,17 @@ class Engine:
                 if not chunk.request.status.done:
                     self.scheduler.finish(chunk.request, keep_kv=False)
                     self._fail(chunk.request, f"the model failed to run this step: {exc}")
+            self._last_run_end = None
             self._counts = self.scheduler.counts()
             return
         ended = time.perf_counter()
-        self.budget.observe(plan.n_tokens, ended - started)
+        self.budget.observe(plan.n_tokens, ended - started, plan.predicted_s,
+                            verified=bool(plan.draft_tokens))  # fmt: skip
         self._update(plan, sampled, started, ended)
-        self.last_active = ended
+        if plan.draft_tokens:  # whether the drafts paid for themselves (speculation/policy, 4.)
+            self.speculation.settle(plan.undrafted_s, ended - started, plan.decodes,
+                                    self.budget.between_steps)  # fmt: skip
+        self.last_active = self._last_run_end = ended
         self._counts = self.scheduler.counts()
 
     def _model_drafts(self) -> None:
@@ -788,7 +802,7 @@ class Engine:
             if request.status != Status.DECODING or request.speculation is None:
                 continue
             room = self.scheduler.draft_room(request)
-            k = speculation.model_draft_length(request, self.budget.times.predict, room)
+            k = speculation.model_draft_length(request, self.budget.predict_verified, room)
             if k:
                 history = request.speculation.history
                 wants.append((request.seq_id, history.ids[: history.length], k))
@@ -953,6 +967,7 @@ class Engine:
             verify=plan.draft_tokens, image=image_tokens,
             encoding=self._encoder.busy if self._encoder is not None else 0,
             save_s=plan.saved_s, restore_s=plan.restored_s,
+            target_s=plan.target_s, predicted_s=plan.predicted_s,
         )  # fmt: skip
         # 2. Each request takes its tokens: progress, tokens, and its end where it ends.
         results = iter(sampled)

@@ -8,8 +8,11 @@ run in one llama_decode call, built in these steps (numbered again in `schedule(
    carries an interactive decoding stream and all the decodes together would overrun the ITL
    target, background decodes ride along only while they fit, the longest-waiting first; one
    that has waited its loose background target always rides.
-2. The budget: the ITL target when an interactive stream decodes in the step, else the loose
-   background target (budget.py: then a flood runs at the machine's best batch size).
+2. The budget: the ITL target when an interactive stream decodes in the step, else a step at
+   the cost curve's knee within the loose background target (budget.py: a flood runs at about
+   the machine's best cost per token, and a person who comes waits for a short step only);
+   background prompts read with nobody decoding are held to the same size, not the whole batch.
+   Each plan carries its target and the time the curve predicts for it (the step log's).
 3. Prompts, interactive then background. Within a priority, the sequences already prefilling
    and the waiting requests take the budget's room in turn, the least served share first (a
    waiting request's turn is its fair-share tag, admission.py; a prefilling sequence's is its
@@ -110,6 +113,9 @@ class StepPlan:
     interactive: bool = False  # an interactive stream decodes in it: the ITL target bound it
     paused: list[Request] = field(default_factory=list)  # running, left out by priority
     reads_interactive: bool = False  # it carries a chunk of an interactive prompt
+    target_s: float = 0.0  # the target that bounded it (budget.target); 0: none (nobody read)
+    predicted_s: float = 0.0  # its run's seconds as the cost curve predicted them
+    undrafted_s: float = 0.0  # the same without its drafts (speculation's payoff weighs both)
     restore_s: float = 0.0  # the predicted seconds of its restores
     save_s: float = 0.0  # the predicted seconds of its saves
     saved_s: float = 0.0  # what its saves took (the engine's measure, for the step's record)
@@ -282,12 +288,21 @@ class Scheduler:
                 # Beside a person's stream, background prompts get what fits the target only:
                 # the starvation guard is for work that cannot wait (budget.py, 4.).
                 room = min(room, self._room(plan, guard=False))
+            elif not interactive and not plan.decodes:
+                # Background prompts with nobody decoding: a step at the curve's knee, not the
+                # whole batch, so a person who comes meanwhile waits for a short step only.
+                room = min(room, self.budget.background_tokens())
             room = self._take_turns(sorted(claims), plan, room, now)
 
         # 5. Drafts: a decoding stream whose text is predictable feeds guesses at what follows,
         # verified in this same step, as far as they pay and the step's budget allows.
         if self.speculation is not None and self.speculation.enabled and plan.decodes:
             self._draft(plan)
+        if plan.chunks:  # what the step log shows beside the step's time (budget.py, 7.)
+            bounded = self.budget.chunked and (plan.decodes or not plan.reads_interactive)
+            plan.target_s = self.budget.target(plan.interactive) if bounded else 0.0
+            plan.predicted_s = (self.budget.predict_verified(plan.n_tokens) if plan.draft_tokens
+                                else self.budget.times.predict(plan.n_tokens))  # fmt: skip
 
         # Charge each share what it was served; mark who priority left out.
         served = {id(c.request) for c in plan.chunks}
@@ -315,11 +330,13 @@ class Scheduler:
         if not offers:
             return
         # The step's time includes KV saves and restores and the draft model's drafting.
-        limit = (self.budget.target(plan.interactive) * self.budget.safety - plan.kv_s
-                 - self.drafting_s)  # fmt: skip
+        limit = self.budget.limit(plan.interactive) - plan.kv_s - self.drafting_s
+        plan.undrafted_s = self.budget.times.predict(plan.n_tokens)
         given = self.speculation.allocate([(c.request, d) for c, d in offers],
-                                          self.budget.times.predict, plan.n_tokens,
-                                          plan.decodes, limit)  # fmt: skip
+                                          self.budget.predict_verified, plan.n_tokens,
+                                          plan.decodes, limit,
+                                          between_s=self.budget.between_steps,
+                                          undrafted_s=plan.undrafted_s)  # fmt: skip
         for n, (chunk, offered) in enumerate(offers):
             chunk.draft = offered[: given[n]]
 

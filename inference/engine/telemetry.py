@@ -13,8 +13,11 @@ For the dashboard's "now" the snapshot also carries:
   background streams' (`background`); whether an interactive stream decoded in it, so the
   ITL target bound it (`interactive`); how many running requests it left paused for
   interactive work (`paused`); what it spent saving and restoring warm memory before the run
-  (`save_ms`, `restore_ms`)), so a long prompt can be watched being spread over steps beside
-  a stream's decodes, and background work told from a person's;
+  (`save_ms`, `restore_ms`)); the target that bounded it and the run the cost curve
+  predicted (`target_ms`, 0 where none bound it, and `predicted_ms`: how much of the budget
+  the steps use, and how far off the scheduler's prediction was), so a long prompt can be
+  watched being spread over steps beside a stream's decodes, and background work told from a
+  person's;
 - `by_priority`: TTFT and ITL distributions and histograms per priority (interactive,
   background), two bounded label values for /metrics;
 - `served(now)`: the tokens (prompt chunks and decodes) each (share, priority) was served over
@@ -115,6 +118,8 @@ class Telemetry:
         encoding: int = 0,
         save_s: float = 0.0,
         restore_s: float = 0.0,
+        target_s: float = 0.0,
+        predicted_s: float = 0.0,
     ) -> None:
         """One step that ended at `now`: `prompt` tokens of prompt chunks and `decode` decode
         tokens ran (`background_decode` of them background streams', `verify` of them drafted
@@ -123,12 +128,14 @@ class Telemetry:
         image positions fed from embeddings; `encoding`: images the encoder thread was
         encoding when the step ended (it runs beside the steps: inference.engine.vision).
         `seconds` is the run's; `save_s` and `restore_s` what the step spent before it saving
-        KV into the tiers and restoring it from them."""
+        KV into the tiers and restoring it from them; `target_s` the target that bounded it (0:
+        none) and `predicted_s` its run's seconds as the scheduler predicted them."""
         with self._lock:
             self._steps.append((now, prompt, output, seqs, seconds))
             self._recent_steps.append((now, decode, prompt, seconds, seqs, background_decode,
                                        interactive, paused, verify, output, image,
-                                       encoding, save_s, restore_s))  # fmt: skip
+                                       encoding, save_s, restore_s, target_s,
+                                       predicted_s))  # fmt: skip
             if served:
                 self._served.append((now, served))
             self._windows.record_step(now, prompt, output, seconds)
@@ -276,5 +283,8 @@ class Telemetry:
                 # Before the run (ms is the run's): KV saved into the tiers, and restored.
                 "save_ms": [round(s[12] * 1000.0, 2) for s in recent],
                 "restore_ms": [round(s[13] * 1000.0, 2) for s in recent],
+                # The target that bounded it (0: none did) and the run the curve predicted.
+                "target_ms": [round(s[14] * 1000.0, 2) for s in recent],
+                "predicted_ms": [round(s[15] * 1000.0, 2) for s in recent],
             },
         }

@@ -79,7 +79,7 @@ def warm_up(engine: Engine) -> None:
     speculating = engine.speculation is not None and engine.speculation.enabled
     if calibrate is not None and (speculating or on_gpu(engine.runner.info())):
         for tokens, seconds in engine.on_engine_thread(calibrate).result():
-            engine.budget.times.calibrate(tokens, seconds)
+            engine.budget.calibrate(tokens, seconds)
 
 
 def on_gpu(info: dict) -> bool:

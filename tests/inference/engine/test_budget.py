@@ -245,3 +245,93 @@ def test_one_stalled_step_does_not_move_the_curve():
     budget.observe(64, 1.0)  # another process took the CPU for a second
     assert budget.times.predict(64) == pytest.approx(0.09)
     assert budget.tokens(4) == 56
+
+
+# --- the budget's own error, the work between steps, the knee (issue 32) -------------------------
+
+
+def linear_budget(**kwargs) -> TokenBudget:
+    return TokenBudget(0.1, 512, cost=StepCostModel(overhead=0.005, per_token=0.001), **kwargs)
+
+
+def test_until_steps_are_measured_a_step_is_planned_at_the_prior_headroom():
+    budget = linear_budget()
+    assert budget.safety == 0.8
+    assert budget.tokens(1) == 75  # (0.08 - 0.005) / 0.001
+
+
+def test_steps_that_land_on_their_prediction_fill_the_whole_target():
+    budget = linear_budget()
+    for _ in range(20):
+        budget.observe(50, 0.055, predicted=0.055)
+    assert budget.safety == 1.0
+    assert budget.times.predict(budget.tokens(1)) == pytest.approx(0.1, abs=0.002)
+
+
+def test_steps_that_run_over_their_prediction_leave_headroom_for_nine_in_ten():
+    budget = linear_budget()
+    for n in range(40):  # one step in four runs 25 % over what was predicted
+        budget.observe(50, 0.055 * (1.25 if n % 4 == 0 else 1.0), predicted=0.055)
+    assert budget.safety == pytest.approx(0.8)
+    # ...and never less than half the target, however wrong the predictions were
+    for _ in range(64):
+        budget.observe(50, 0.5, predicted=0.055)
+    assert budget.safety == 0.5
+
+
+def test_the_work_between_two_steps_comes_off_the_target():
+    budget = linear_budget()
+    for _ in range(20):
+        budget.observe(50, 0.055, predicted=0.055)
+    for _ in range(5):
+        budget.observe_between(0.02)
+    assert budget.between_steps == pytest.approx(0.02)
+    assert budget.limit(True) == pytest.approx(0.08)
+    assert budget.tokens(1) == 75  # (0.1 - 0.02 - 0.005) / 0.001
+
+
+# Step times shaped like a CPU's: the cost per token falls until ~32 tokens, then barely.
+KNEE_STEPS = {1: 0.010, 4: 0.020, 16: 0.050, 32: 0.080, 64: 0.150, 128: 0.290}
+
+
+def test_a_step_nobody_reads_stops_at_the_knee_of_the_cost_curve():
+    budget = measured(linear_budget(background_itl_target=1.0), KNEE_STEPS)
+    # Per token: 2.5 ms at 32, 2.34 at 64, 2.27 at 128, ~2.2 where the fit reaches 1 s: 64 is
+    # the smallest within 10 % of the cheapest, so a background step takes 0.15 s, not 1.
+    assert budget.knee_seconds() == pytest.approx(0.150)
+    assert budget.target(False) == pytest.approx(0.150)
+    assert budget.tokens(3, interactive=True) < budget.tokens(3, interactive=False) < 64
+    assert budget.background_tokens() < 64  # nobody decoding: not the whole batch either
+
+
+def test_the_knee_never_sizes_a_background_step_below_a_persons_target():
+    budget = measured(linear_budget(background_itl_target=1.0), {1: 0.010, 2: 0.020, 4: 0.040})
+    assert budget.knee_seconds() < 0.1
+    assert budget.target(False) == pytest.approx(0.1)
+
+
+def test_where_larger_steps_stay_cheaper_a_background_step_grows_to_find_out():
+    # A GPU's curve: 8 tokens cost what 1 does, so per token the largest measured is the
+    # cheapest and the linear fit promises cheaper still beyond it: the knee moves out.
+    budget = measured(linear_budget(background_itl_target=1.0),
+                      {1: 0.010, 2: 0.010, 4: 0.010, 8: 0.011})  # fmt: skip
+    assert budget.knee_seconds() > 0.011
+    assert budget.tokens(3, interactive=False) > 8
+
+
+def test_steps_that_verify_drafts_are_timed_on_a_curve_of_their_own():
+    budget = measured(TokenBudget(0.1, 512), {8: 0.030, 16: 0.045})
+    for _ in range(3):
+        budget.observe(16, 0.090, verified=True)  # drafts: logits everywhere, several passes
+    assert budget.times.predict(16) == pytest.approx(0.045)  # a prompt chunk is no dearer
+    assert budget.predict_verified(16) == pytest.approx(0.090)
+    assert budget.predict_verified(8) >= budget.times.predict(8)
+
+
+def test_calibration_starts_both_curves_and_only_the_plain_one_lets_its_steps_replace_it():
+    budget = TokenBudget(0.1, 512)
+    budget.calibrate(16, 0.080)  # logits at every position: dearer than a prompt chunk
+    for _ in range(5):
+        budget.observe(16, 0.050)
+    assert budget.times.predict(16) == pytest.approx(0.050)
+    assert budget.predict_verified(16) == pytest.approx(0.080)

@@ -413,6 +413,37 @@ def test_background_steps_keep_to_their_own_loose_target():
     assert set(chunks[:-1]) == {8}
 
 
+def test_background_prompts_with_nobody_decoding_are_read_in_steps_at_the_knee():
+    # A curve that flattens past 32 tokens (per token 2.5 ms there, 2.3 at 128): the knee is
+    # 64 tokens' 0.15 s, so a document read with nobody decoding goes in steps of that size, not
+    # the whole batch, and a person who comes meanwhile waits one such step at most.
+    d = Driver(min_chunk=1, max_batch=256)
+    for _ in range(3):
+        for tokens, seconds in {1: 0.010, 4: 0.020, 16: 0.050, 32: 0.080, 64: 0.150,
+                                128: 0.290}.items():  # fmt: skip
+            d.budget.observe(tokens, seconds)
+    document = d.submit("doc", prompt(200, 1), max_tokens=2, priority="background")
+    plan = d.step()
+    assert 32 <= len(chunks_for(plan, document)[0].tokens) < 64
+    assert plan.target_s == pytest.approx(d.budget.knee_seconds())
+    # A person's prompt with nobody decoding is read whole: no target binds that step.
+    person = d.submit("person", prompt(100, 2), max_tokens=2, share="user:1")
+    plan = d.step()
+    assert [len(c.tokens) for c in chunks_for(plan, person)] == [100]
+    assert plan.target_s == 0.0
+
+
+def test_every_plan_says_its_target_and_the_time_the_curve_predicts_for_it():
+    d = Driver()
+    d.submit("stream", prompt(5, 1), max_tokens=30)
+    d.step()
+    d.submit("long", prompt(170, 2), max_tokens=2)
+    plan = d.step()
+    assert plan.target_s == 0.1  # an interactive stream decodes in it: the ITL target binds
+    assert plan.predicted_s == pytest.approx(d.budget.times.predict(plan.n_tokens))
+    assert plan.predicted_s <= d.budget.limit(True)
+
+
 # --- cancellation ----------------------------------------------------------------------------
 
 
