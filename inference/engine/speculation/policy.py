@@ -18,7 +18,16 @@
    in turn, a stream expects 1 + a + a^2 + ... + a^k tokens for its 1 + k tokens of step. On
    the 2-core CPU measured, a step of 16 tokens costs 6.6 times one of one token: copied text
    (a near 1) gets long drafts, free prose none; where a step costs little more for many tokens
-   (a GPU, a model bound by memory), predictable text gets long drafts sooner.
+   (a GPU, a model bound by memory), predictable text gets long drafts sooner. A step's time
+   counts the work between two steps too (budget.between_steps): a token a draft adds saves a
+   whole step's turn, run and handover both.
+4. The payoff, measured. Allocation trusts predictions; the payoff checks them. After each step
+   that verified drafts, what they saved (their kept tokens, each a decoding stream's share of
+   a step without drafts and the work between steps) is weighed against what they cost (the
+   step's measured time over its predicted time without them), in a ledger that forgets within
+   ~10 such steps. While the ledger is negative (drafts lately cost more than they saved, as
+   prose did on a 2-core CPU), "auto" drafts for nobody but once every PROBE_EVERY steps, so
+   the ledger learns when they start paying again; shadow drafts go on learning meanwhile.
 """
 
 from dataclasses import dataclass, field
@@ -35,6 +44,30 @@ MARGIN = 0.15
 SHADOW = 4  # tokens of a shadow draft checked against what comes
 MODEL_DRAFT = 8  # tokens a draft model writes for one stream in one step, at most
 PROBE_EVERY = 16  # a stream the draft model does not pay for is drafted for once in this many steps
+LEDGER_MEMORY = 0.9  # the weight of the payoff's past per step that verified drafts (4.)
+
+
+@dataclass(slots=True)
+class Payoff:
+    """What drafts saved less what they cost, in seconds, over the recent steps that verified
+    them (4. above): negative, drafting has lately made the box slower."""
+
+    ledger: float = 0.0
+    steps: int = 0  # steps that verified drafts, since load
+    kept: int = 0  # draft tokens kept in the step being settled (Speculation.came adds them)
+    since_probe: int = 0  # allocations since drafts were last allowed while the ledger is negative
+
+    def settle(self, undrafted_s: float, actual_s: float, decodes: int, between_s: float) -> None:
+        """A step that verified drafts ran `actual_s`; without them it was predicted to run
+        `undrafted_s`, for `decodes` decoding streams, with `between_s` between two steps."""
+        saved = self.kept * (undrafted_s + between_s) / max(1, decodes)
+        self.ledger = self.ledger * LEDGER_MEMORY + saved - (actual_s - undrafted_s)
+        self.steps += 1
+        self.kept = 0
+
+    @property
+    def paying(self) -> bool:
+        return self.ledger >= 0.0
 
 
 @dataclass(slots=True)
@@ -88,6 +121,7 @@ class Speculation:
         self.model_drafts = 0  # streams the draft model drafted for
         self.model_seconds = 0.0  # spent drafting with the draft model
         self.model_round_s: float | None = None  # one draft-model decode, measured (average)
+        self.payoff = Payoff()  # 4.: whether drafting has lately paid, measured
 
     # --- a stream's life ---------------------------------------------------------------------
 
@@ -123,6 +157,7 @@ class Speculation:
             stream.accepted += kept
             self.drafted += len(draft)
             self.accepted += kept
+            self.payoff.kept += kept
             self.drafts += 1
             self.verify_tokens += len(draft)
         elif stream.shadow:
@@ -191,12 +226,23 @@ class Speculation:
 
     # --- 3. a step's drafts --------------------------------------------------------------------
 
+    def settle(self, undrafted_s: float, actual_s: float, decodes: int,
+               between_s: float = 0.0) -> None:  # fmt: skip
+        """4.: a step that verified drafts ran `actual_s` (its tokens were given to `came`
+        first); without the drafts it was predicted to run `undrafted_s`."""
+        self.payoff.settle(undrafted_s, actual_s, decodes, between_s)
+
     def allocate(self, offers: list[tuple[object, list[int]]], predict, step_tokens: int,
-                 decodes: int, limit_s: float) -> dict[int, int]:  # fmt: skip
+                 decodes: int, limit_s: float, between_s: float = 0.0,
+                 undrafted_s: float | None = None) -> dict[int, int]:  # fmt: skip
         """How many of its offered draft tokens each stream feeds (by index into `offers`):
-        `predict(n)` is a step's seconds at n tokens, `step_tokens` the step's tokens without
-        drafts, `decodes` its decoding streams (one token each, at least), `limit_s` the most
-        the step may take. Streams offered nothing remember a shadow draft (2.).
+        `predict(n)` is the seconds of a step of n tokens that verifies drafts, `undrafted_s`
+        the step's without any (a plain step's, on its own curve: budget.py 9.; by default
+        `predict(step_tokens)`), `step_tokens` the step's tokens without drafts, `decodes` its
+        decoding streams (one token each, at least), `limit_s` the most the step may take,
+        `between_s` the work between two steps. Streams offered nothing
+        remember a shadow draft (2.); while drafts have not paid lately (4.) nobody drafts but
+        once every PROBE_EVERY steps.
 
         A step's cost by size is not convex on a CPU (one sequence: 2 tokens cost twice one,
         8 tokens four times, 16 tokens 6.6 times), so each stream's draft length is chosen
@@ -208,24 +254,44 @@ class Speculation:
             return given
         for request, offered in offers:
             request.speculation.shadow = offered[:SHADOW]
+        if self.mode == "auto" and not self.payoff.paying:
+            self.payoff.since_probe += 1
+            if self.payoff.since_probe < PROBE_EVERY:
+                return given
+        self.payoff.since_probe = 0
 
-        def expected(n: int, k: int) -> float:
-            a = offers[n][0].speculation.rate
-            return sum(a**i for i in range(1, k + 1))
+        # expected[n][k]: the tokens stream n expects from a draft of k, a + a^2 + ... + a^k
+        # (built once: this runs every step, for every decoding stream).
+        expected = []
+        for request, offered in offers:
+            a, sums, power = request.speculation.rate, [0.0], 1.0
+            for _ in offered:
+                power *= a
+                sums.append(sums[-1] + power)
+            expected.append(sums)
 
         order = sorted(range(len(offers)), key=lambda n: -offers[n][0].speculation.rate)
         for _ in range(2):
             for n in order:
                 others_k = sum(given.values()) - given[n]
-                others_e = sum(expected(m, given[m]) for m in given if m != n)
-                base_s = max(predict(step_tokens + others_k), 1e-6)
+                others_e = sum(expected[m][given[m]] for m in given if m != n)
+                run_s = (predict(step_tokens + others_k) if others_k or undrafted_s is None
+                         else undrafted_s)  # fmt: skip
+                base_s = max(run_s + between_s, 1e-6)
                 base = (decodes + others_e) / base_s
                 best_k, best = 0, base
+                # No draft of any length can beat the margin when even all it may expect,
+                # at the cost of one token more, does not (prose: a stream's usual case).
+                most = (decodes + others_e + expected[n][-1]) / max(
+                    predict(step_tokens + others_k + 1) + between_s, 1e-6)
+                if self.mode != "always" and most <= (1 + MARGIN) * base:
+                    given[n] = 0
+                    continue
                 for k in range(1, len(offers[n][1]) + 1):
-                    seconds = max(predict(step_tokens + others_k + k), 1e-6)
-                    if seconds > limit_s:
+                    run_s = predict(step_tokens + others_k + k)
+                    if run_s > limit_s:
                         break
-                    rate = (decodes + others_e + expected(n, k)) / seconds
+                    rate = (decodes + others_e + expected[n][k]) / max(run_s + between_s, 1e-6)
                     if self.mode == "always" or (rate > best and rate > (1 + MARGIN) * base):
                         best_k, best = k, rate
                 given[n] = best_k
@@ -242,6 +308,7 @@ class Speculation:
                 "accepted": self.accepted, "drafts": self.drafts,
                 "verify_tokens": self.verify_tokens,
                 "acceptance": self.accepted / self.drafted if self.drafted else None,
+                "paying": self.payoff.paying, "payoff_s": round(self.payoff.ledger, 4),
                 "model_drafts": self.model_drafts,
                 "model_seconds": round(self.model_seconds, 4),
                 "table_contexts": self.table.contexts}  # fmt: skip

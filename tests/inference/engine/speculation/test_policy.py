@@ -149,3 +149,69 @@ def test_the_draft_models_guesses_are_offered_when_the_text_has_none():
     assert request.speculation.model_acceptance != PRIOR
     assert request.speculation.acceptance == PRIOR
     assert request.speculation.model_draft == []  # used once
+
+
+# --- the payoff, measured (4.) -------------------------------------------------------------------
+
+
+def drafted_step(spec: Speculation, request, *, kept: int, undrafted_s: float, actual_s: float):
+    """One step in which `request` verified a draft of 8 and kept `kept` of it."""
+    draft = [1] * 8
+    spec.came(request, [1] * kept + [2], draft)
+    spec.settle(undrafted_s, actual_s, decodes=1, between_s=0.0)
+
+
+def test_drafts_that_cost_more_than_they_save_stop_within_a_few_steps_and_are_probed_now_and_then():
+    spec = Speculation()
+    request = stream(0.9)
+    # Each step with a draft ran 40 ms over its plain 10 ms and kept 2 tokens (worth 20 ms).
+    for _ in range(3):
+        drafted_step(spec, request, kept=2, undrafted_s=0.010, actual_s=0.050)
+    assert not spec.payoff.paying
+    offers = [(request, [1] * 8)]
+    allowed = [spec.allocate(offers, linear(0.010, 0.0005), 1, 1, limit_s=0.1)[0]
+               for _ in range(2 * PROBE_EVERY)]  # fmt: skip
+    assert sum(1 for k in allowed if k) == 2  # a probe once in PROBE_EVERY steps, no more
+    assert spec.reading()["paying"] is False
+
+
+def test_drafts_that_save_more_than_they_cost_go_on():
+    spec = Speculation()
+    request = stream(0.9)
+    for _ in range(5):  # 8 tokens kept, each worth a 10 ms step, for 5 ms more in the step
+        drafted_step(spec, request, kept=8, undrafted_s=0.010, actual_s=0.015)
+    assert spec.payoff.paying and spec.payoff.ledger > 0
+    given = spec.allocate([(request, [1] * 8)], linear(0.010, 0.0005), 1, 1, limit_s=0.1)
+    assert given[0] > 0
+
+
+def test_a_probe_that_pays_brings_drafting_back():
+    spec = Speculation()
+    request = stream(0.9)
+    drafted_step(spec, request, kept=0, undrafted_s=0.010, actual_s=0.030)
+    assert not spec.payoff.paying
+    drafted_step(spec, request, kept=8, undrafted_s=0.010, actual_s=0.012)
+    assert spec.payoff.paying
+
+
+def test_the_work_between_steps_counts_for_a_draft():
+    # Each token costs its own 10 ms in the run: without the work between steps a draft
+    # never pays; with 20 ms between steps, a token that rides along saves that much.
+    spec = Speculation()
+    plain = spec.allocate([(stream(0.9), [1] * 8)], linear(0.0, 0.010), 1, 1, limit_s=1.0)
+    assert plain[0] == 0
+    spec = Speculation()
+    given = spec.allocate([(stream(0.9), [1] * 8)], linear(0.0, 0.010), 1, 1, limit_s=1.0,
+                          between_s=0.020)  # fmt: skip
+    assert given[0] > 0
+
+
+def test_the_draft_is_weighed_against_a_plain_step_on_its_own_curve():
+    # A plain step of one token costs 5 ms, a verified one of any size up to 9 costs 20:
+    # against the plain step, a draft of 8 at 0.5 kept a token each pays nothing.
+    spec = Speculation()
+    given = spec.allocate([(stream(0.5), [1] * 8)], lambda n: 0.020, 1, 1, limit_s=1.0,
+                          undrafted_s=0.005)  # fmt: skip
+    assert given[0] == 0
+    assert Speculation().allocate([(stream(0.5), [1] * 8)], lambda n: 0.020, 1, 1,
+                                  limit_s=1.0)[0] > 0  # fmt: skip
