@@ -44,7 +44,11 @@ SPECULATION_STEP_COLUMNS = ("verify", "output")
 # Step columns of an engine that reads images: of the prompt tokens, image positions fed, and
 # images the encoder was encoding when the step ended; None when an engine sends none.
 VISION_STEP_COLUMNS = ("image", "encoding")
-OPTIONAL_STEP_COLUMNS = (*PRIORITY_STEP_COLUMNS, *SPECULATION_STEP_COLUMNS, *VISION_STEP_COLUMNS)
+# Step columns in milliseconds of an engine that logs its budget: the target that bounded the
+# step (0: none did) and the run its cost curve predicted; None when an engine sends none.
+BUDGET_STEP_COLUMNS = ("target_ms", "predicted_ms")
+OPTIONAL_STEP_COLUMNS = (*PRIORITY_STEP_COLUMNS, *SPECULATION_STEP_COLUMNS, *VISION_STEP_COLUMNS,
+                         *BUDGET_STEP_COLUMNS)  # fmt: skip
 MAX_STEPS = 300
 MAX_STREAMS = 64
 MAX_SHARES = 64  # an engine sends at most 32; a worker with two models may have twice that
@@ -112,6 +116,9 @@ class Steps(TypedDict):
     # None from an engine from before images:
     image: list[int] | None  # of its prompt tokens, image positions fed from embeddings
     encoding: list[int] | None  # images the encoder was encoding beside it (0: encoder idle)
+    # None from an engine from before the step log's budget:
+    target_ms: list[float] | None  # the target that bounded it; 0: none did (nobody read)
+    predicted_ms: list[float] | None  # its run as the cost curve predicted it
 
 
 class StreamPanel(TypedDict):
@@ -200,6 +207,17 @@ class StepYield(TypedDict):
     tokens: int
 
 
+class StepBudget(TypedDict):
+    """Over the recent steps a target bounded: how much of it they used (their time over their
+    target, the median and the 90th percentile) and how far the scheduler's prediction was off
+    (time over prediction, the 90th percentile: above 1, the steps ran longer than foreseen)."""
+
+    steps: int
+    used_p50: float
+    used_p90: float
+    error_p90: float | None  # None: no step with a prediction
+
+
 class ModelPanel(TypedDict):
     prompt_tps: float
     output_tps: float
@@ -225,6 +243,7 @@ class ModelPanel(TypedDict):
     prompt_cache: PromptCachePanel | None  # None: an engine from before warm memory
     speculation: SpeculationPanel | None  # None: an engine from before speculation
     step_yield: StepYield | None  # None: an engine whose steps do not say what they sampled
+    step_budget: StepBudget | None  # None: no step bounded by a target, or an engine from before
     vision: VisionPanel | None  # None: a model without a projector, or an engine from before
 
 
@@ -366,7 +385,8 @@ def steps_panel(raw) -> Steps:
     for key in ("decode", "prompt", "seqs"):
         steps[key] = [int(v) for v in steps[key]]
     for key in optional:
-        steps[key] = [max(0, int(v)) for v in steps[key]]
+        cast = float if key in BUDGET_STEP_COLUMNS else int
+        steps[key] = [max(0, cast(v)) for v in steps[key]]
     if steps["background"] is not None:  # a part of the step's decode tokens
         pairs = zip(steps["background"], steps["decode"], strict=True)
         steps["background"] = [min(b, d) for b, d in pairs]
@@ -379,6 +399,26 @@ def steps_panel(raw) -> Steps:
         pairs = zip(steps["image"], steps["prompt"], strict=True)
         steps["image"] = [min(i, p) for i, p in pairs]
     return steps  # type: ignore[return-value]
+
+
+def step_budget(steps: Steps) -> StepBudget | None:
+    """How much of their target the recent bounded steps used, and how far off their
+    predictions were (StepBudget); None when no step says it was bounded."""
+    if steps["target_ms"] is None or steps["predicted_ms"] is None:
+        return None
+    rows = [(ms, target, predicted) for ms, target, predicted
+            in zip(steps["ms"], steps["target_ms"], steps["predicted_ms"], strict=True)
+            if target > 0]  # fmt: skip
+    if not rows:
+        return None
+    used = sorted(ms / target for ms, target, _ in rows)
+    errors = sorted(ms / predicted for ms, _, predicted in rows if predicted > 0)
+    return {"steps": len(rows), "used_p50": _quantile(used, 0.5), "used_p90": _quantile(used, 0.9),
+            "error_p90": _quantile(errors, 0.9) if errors else None}  # fmt: skip
+
+
+def _quantile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def step_yield(steps: Steps) -> StepYield | None:
@@ -570,6 +610,7 @@ def model_panel(snapshot: dict) -> ModelPanel:
         "prompt_cache": prompt_cache_panel(snapshot.get("prompt_cache")),
         "speculation": speculation_panel(snapshot.get("speculation")),
         "step_yield": step_yield(steps),
+        "step_budget": step_budget(steps),
         "vision": vision_panel(snapshot.get("vision")),
     }
 

@@ -148,9 +148,9 @@
   const STEP_SLOTS_MIN = document.getElementById("c-steps").clientWidth < 500 ? 24 : 60;
   // background, interactive and paused: null from an engine without priorities; verify and
   // output: null from an engine without speculation; image and encoding: null from one that
-  // reads no images.
+  // reads no images; target_ms and predicted_ms: null from one whose step log has no budget.
   const NO_STEPS = { ago: [], decode: [], prompt: [], ms: [], seqs: [], background: null, interactive: null, paused: null,
-    verify: null, output: null, image: null, encoding: null };
+    verify: null, output: null, image: null, encoding: null, target_ms: null, predicted_ms: null };
   let steps = { ...NO_STEPS, target: null, model: "" };
 
   const stepsElement = $("c-steps");
@@ -269,6 +269,13 @@
     const out = steps.output ? " · " + count(steps.output[i], "token") + " out" : "";
     let target = steps.target ? (t <= steps.target ? ", within" : ", over") + " the " + Math.round(steps.target) + " ms ITL target" : "";
     if (steps.interactive && !steps.interactive[i]) target = "; no interactive stream, so the ITL target did not bind";
+    // The engine's own record (panels.py BUDGET_STEP_COLUMNS): the target that bounded this step
+    // (a background step's is the cost curve's knee) and what the scheduler predicted it would take.
+    if (steps.target_ms) {
+      const bound = steps.target_ms[i];
+      target = bound ? " of a " + Math.round(bound) + " ms target (" + Math.round((100 * t) / bound) + " % used)" : "; no target bound it (nobody was reading)";
+    }
+    if (steps.predicted_ms && steps.predicted_ms[i]) target += ", " + msAxis(steps.predicted_ms[i]) + " predicted";
     const paused = steps.paused && steps.paused[i] ? " · " + count(steps.paused[i], "request") + " paused" : "";
     const encoding = steps.encoding && steps.encoding[i] ? " · the encoder was reading " + count(steps.encoding[i], "image") : "";
     box.textContent = "Step " + steps.ago[i].toFixed(2) + " s ago: " + (parts.join(" + ") || "no tokens") + out + " · ran " +
@@ -314,6 +321,12 @@
     let targetPart = Math.round((100 * within) / Math.max(1, bound.length)) + "% within the target";
     if (!bound.length) targetPart = "no interactive stream in any of them: the target did not bind";
     else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
+    const use = best.m.step_budget;
+    if (use) {
+      targetPart += " · the steps used " + Math.round(100 * use.used_p50) + " % of their target (median; " + Math.round(100 * use.used_p90) + " % at p90)" +
+        (!use.error_p90 ? "" : use.error_p90 > 1 ? ", 9 in 10 ran at most " + Math.round(100 * (use.error_p90 - 1)) + " % over their prediction"
+          : ", 9 in 10 ran within their prediction");
+    }
     const pausedMost = s.paused ? Math.max(0, ...s.paused) : 0;
     const drafting = s.verify ? s.verify.filter((v) => v > 0).length : 0;
     const imaging = s.image ? s.image.filter((v) => v > 0).length : 0;

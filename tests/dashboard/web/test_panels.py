@@ -415,3 +415,48 @@ def test_a_model_without_images_has_no_vision_panel_and_no_image_columns():
     json.dumps(junk, allow_nan=False)
     vision = junk["models"]["m"]["vision"]
     assert (vision["encoding"], vision["encode_s"], vision["images_encoded"]) == (0, 0.0, 0)
+
+
+def test_the_steps_say_how_much_of_their_target_they_used_and_how_far_off_the_prediction_was():
+    engine = {"steps": {"ago": [4.0, 3.0, 2.0, 1.0], "decode": [4, 4, 0, 2],
+                        "prompt": [10, 12, 300, 0], "ms": [80.0, 100.0, 900.0, 30.0],
+                        "seqs": [5, 5, 1, 2], "target_ms": [100.0, 100.0, 0.0, 100.0],
+                        "predicted_ms": [80.0, 80.0, 850.0, 30.0]}}  # fmt: skip
+    model = panels({"models": {"m": engine}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    assert model["steps"]["target_ms"] == [100.0, 100.0, 0.0, 100.0]
+    # The prompt-only step with nobody decoding had no target: it is left out.
+    assert model["step_budget"] == {"steps": 3, "used_p50": 0.8, "used_p90": 1.0,
+                                    "error_p90": 1.25}  # fmt: skip
+
+
+def test_budget_figures_from_a_worker_are_not_trusted_as_they_come():
+    engine = {"steps": {"ago": [2.0, 1.0], "decode": [1, 1], "prompt": [0, 0], "ms": [10.0, 10.0],
+                        "seqs": [1, 1], "target_ms": [-5, "x"],
+                        "predicted_ms": [float("nan"), 5]}}  # fmt: skip
+    model = panels({"models": {"m": engine}})["models"]["m"]
+    json.dumps(model, allow_nan=False)
+    assert model["steps"]["target_ms"] == [0.0, 0.0]
+    assert model["step_budget"] is None  # no step says a target bound it
+    before = {"steps": {"ago": [1.0], "decode": [1], "prompt": [0], "ms": [20.0], "seqs": [1]}}
+    assert panels({"models": {"m": before}})["models"]["m"]["step_budget"] is None
+
+
+def test_a_real_engine_logs_each_steps_target_and_prediction():
+    from inference.engine.engine import Engine
+    from inference.engine.generation import GenerationRequest
+    from inference.engine.params import SamplingParams
+    from tests.inference.engine.fakes import FakeRunner
+
+    engine = Engine(FakeRunner(), name="m", itl_target=0.05).start()
+    try:
+        handle = engine.submit(GenerationRequest([1, 2, 3, 4], SamplingParams(max_tokens=6)))
+        assert handle.result(timeout=10).type == "done"
+        model = panels({"models": {"m": engine.snapshot()}})["models"]["m"]
+    finally:
+        engine.shutdown()
+    steps = model["steps"]
+    assert steps["target_ms"][0] == 0.0  # the prompt, nobody decoding: no target bound it
+    assert set(steps["target_ms"][1:]) == {50.0}  # then a person's stream: the ITL target
+    assert all(p > 0 for p in steps["predicted_ms"])
+    assert model["step_budget"]["steps"] == len(steps["ms"]) - 1
