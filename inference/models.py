@@ -102,7 +102,10 @@ class LLMModel(models.Model):
     flash_attn = models.BooleanField(
         default=True, help_text="llama.cpp's auto flash attention; needed for a quantised KV cache"
     )
-    parallel = models.PositiveIntegerField(default=4, help_text="sequences decoded together")
+    # Eight: with warm memory a slot holds only a running answer (inference.catalog.specs
+    # .kept_slots), and four held one app's eight clients to three answers at a time (the
+    # reserve keeps one for a person), TTFT 3.5 s of which 3 s waiting for a slot (issue 32).
+    parallel = models.PositiveIntegerField(default=8, help_text="sequences decoded together")
     speculative = models.CharField(
         max_length=8, choices=[("auto", "auto"), ("off", "off")], default="auto",
         help_text="speculative decoding: auto (as far as it pays, measured) or off",
