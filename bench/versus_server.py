@@ -171,7 +171,8 @@ def frontier_sides(appliance: Appliance, server: LlamaServer, targets: list[int]
                    nps: list[int]):  # fmt: skip
     sides = [(f"appliance_itl_{t}", appliance, {"ITL_TARGET_MS": str(t)}) for t in targets]
     for n in nps:
-        side = LlamaServer(server.binary, server.model, server.threads, n, server.ctx_per_seq)
+        side = LlamaServer(server.binary, server.model, server.threads, n, server.ctx_per_seq,
+                           server.extra)  # fmt: skip
         sides.append((f"llama-server_np_{n}", side, {}))
     return sides
 

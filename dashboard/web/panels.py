@@ -117,7 +117,7 @@ class Steps(TypedDict):
     image: list[int] | None  # of its prompt tokens, image positions fed from embeddings
     encoding: list[int] | None  # images the encoder was encoding beside it (0: encoder idle)
     # None from an engine from before the step log's budget:
-    target_ms: list[float] | None  # the target that bounded it; 0: none did (nobody read)
+    target_ms: list[float] | None  # the target that bounded it; 0: none did (a prompt read whole)
     predicted_ms: list[float] | None  # its run as the cost curve predicted it
 
 

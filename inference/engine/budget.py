@@ -4,7 +4,8 @@
    `itl_target`; a step whose decoding streams are all background (an app, or an answer whose
    page has gone) is sized at the cost curve's knee within the loose `background_itl_target`
    (8. below), so a flood runs at the batch size that suits the machine and still never
-   freezes; with nobody decoding, or unchunked, a step takes the whole batch (n_batch).
+   freezes; with nobody decoding a person's prompt is read in the whole batch (n_batch),
+   background prompts in a step at the knee; unchunked, a step takes the whole batch.
 2. The cost of a step. Measured step times are kept by size, in buckets of powers of two, each
    the median of its own last few steps (one step stalled by another process moves nothing),
    and read as a curve through the buckets' centroids: per-token cost falls with size and not
@@ -32,22 +33,24 @@
    end within the target and the steps fill it rather than staying far under it (with a
    prior of 0.8 until enough steps are measured). The step log shows each step's target and
    prediction beside its time.
-8. A step nobody reads (all background) is sized at the knee of the cost curve, not the whole
-   loose target: the smallest measured size whose cost per token is within KNEE_SLACK of the
-   cheapest within the target. A flood loses next to nothing by it (past the knee, larger
-   steps save little per token), and a person who arrives waits behind a step of that size,
-   not of the whole background target. How much shorter that is depends on the machine: on
-   the 2-core CPU measured, a 265-token step still cost 3.2 ms a token against 3.7 at 129 and
-   5 at 17, so its knee stays near the loose target.
+8. A step nobody reads (all background) has the knee of the cost curve for its target, not
+   the whole loose target: the time of the smallest measured size whose cost per token is
+   within KNEE_SLACK of the cheapest within the loose target (less the work between steps and
+   the headroom, as any target). The knee is read afresh from the curve each step, so as
+   sizes go stale and others are measured it follows the machine. A flood loses next to
+   nothing by it (past the knee, larger steps save little per token), and a person who
+   arrives waits behind a step of that size, not of the whole background target. How much
+   shorter that is depends on the machine: on the 2-core CPU measured, a 265-token step still
+   cost 3.2 ms a token against 3.7 at 129 and 5 at 17, so its knee stays near the loose target.
 9. Steps that verify drafts (speculation) are timed on a curve of their own (`verify_times`):
    logits at every drafted position, and streams of unequal length that llama.cpp splits into
    several passes, make them dearer than a plain step of the same size (on the 2-core CPU,
    eight clients: the one curve read 20 tokens at 87 ms, plain steps took 83 for 24). Mixed
-   into one curve they read every
-   size as dearer than it is, the budget shrank every step, and speculation measured its
-   payoff against the inflated curve and went on. The runner's calibration (logits at every
-   position) starts both curves: the verify curve keeps its sizes, the plain curve lets its
-   own steps replace them (they overstate a prompt chunk, so the first chunks err small).
+   into one curve they read every size as dearer than it is, the budget shrank every step, and
+   speculation measured its payoff against the inflated curve and went on. The runner's
+   calibration (logits at every position) starts both curves: the verify curve keeps its
+   sizes, the plain curve lets its own steps replace them (they overstate a prompt chunk, so
+   the first chunks err small).
 """
 
 import statistics

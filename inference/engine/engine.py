@@ -4,7 +4,7 @@ Submission and cancellation arrive as messages on an inbox; events leave through
 handle. A failure in one request fails that request, never the loop. Who goes first is the
 scheduler's (scheduler.py: fair share across apps and people, interactive before background);
 how long a step may take is the budget's (budget.py: the ITL target while a person reads a
-stream, the loose background target otherwise).
+stream, otherwise a step at the cost curve's knee within the loose background target).
 
 Interface (what the web app, the worker and the LAN API build on):
     engine = Engine(runner, itl_target=0.1, background_itl_target=1.0).start()
@@ -784,7 +784,8 @@ class Engine:
                             verified=bool(plan.draft_tokens))  # fmt: skip
         self._update(plan, sampled, started, ended)
         if plan.draft_tokens:  # whether the drafts paid for themselves (speculation/policy, 4.)
-            self.speculation.settle(plan.undrafted_s, ended - started, plan.decodes,
+            spent = ended - started + self.scheduler.drafting_s  # a draft model's time too
+            self.speculation.settle(plan.undrafted_s, spent, plan.decodes,
                                     self.budget.between_steps)  # fmt: skip
         self.last_active = self._last_run_end = ended
         self._counts = self.scheduler.counts()

@@ -81,6 +81,10 @@ from inference.engine.tiers import Hit, PromptStore, RestoreCosts
 from inference.engine.tiers.entries import as_tokens
 from inference.engine.vision import chunk_length, reusable
 
+# A background decode that has waited this share of its loose target rides beside a person's
+# stream whatever the budget says (step 1): a fixed share, not the budget's measured headroom.
+OVERDUE = 0.8
+
 
 class QueueFull(Refused):
     """More requests are waiting than the engine accepts: the caller should answer 'busy'."""
@@ -113,7 +117,9 @@ class StepPlan:
     interactive: bool = False  # an interactive stream decodes in it: the ITL target bound it
     paused: list[Request] = field(default_factory=list)  # running, left out by priority
     reads_interactive: bool = False  # it carries a chunk of an interactive prompt
-    target_s: float = 0.0  # the target that bounded it (budget.target); 0: none (nobody read)
+    # The target that bounded it (budget.target); 0: none did (a person's prompt read with
+    # nobody decoding, or prefill unchunked).
+    target_s: float = 0.0
     predicted_s: float = 0.0  # its run's seconds as the cost curve predicted them
     undrafted_s: float = 0.0  # the same without its drafts (speculation's payoff weighs both)
     restore_s: float = 0.0  # the predicted seconds of its restores
@@ -337,8 +343,12 @@ class Scheduler:
                                           plan.decodes, limit,
                                           between_s=self.budget.between_steps,
                                           undrafted_s=plan.undrafted_s)  # fmt: skip
+        # A step never exceeds n_batch: drafts are bounded by time above, and where a full
+        # batch fits the target (a GPU) the batch bounds them too.
+        left = self.budget.max_batch - plan.n_tokens
         for n, (chunk, offered) in enumerate(offers):
-            chunk.draft = offered[: given[n]]
+            chunk.draft = offered[: max(0, min(given[n], left))]
+            left -= len(chunk.draft)
 
     def draft_room(self, request: Request) -> int:
         """The most draft tokens a decoding request may feed: a step gives it one token of its
@@ -356,7 +366,7 @@ class Scheduler:
         chosen = [r for r in decoding if is_interactive(r)]
         background = sorted((r for r in decoding if not is_interactive(r)),
                             key=lambda r: (r.scheduled_at or 0.0, len(r.output_ids)))  # fmt: skip
-        loose = self.budget.background_itl_target * self.budget.safety
+        loose = self.budget.background_itl_target * OVERDUE
         for request in background:
             overdue = now - (request.scheduled_at or now) >= loose
             if overdue or self.budget.fits(len(chosen) + 1 + self.budget.min_chunk):

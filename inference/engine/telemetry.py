@@ -14,7 +14,8 @@ For the dashboard's "now" the snapshot also carries:
   ITL target bound it (`interactive`); how many running requests it left paused for
   interactive work (`paused`); what it spent saving and restoring warm memory before the run
   (`save_ms`, `restore_ms`)); the target that bounded it and the run the cost curve
-  predicted (`target_ms`, 0 where none bound it, and `predicted_ms`: how much of the budget
+  predicted (`target_ms`, 0 where none did: a prompt read whole with nobody decoding; and
+  `predicted_ms`: how much of the budget
   the steps use, and how far off the scheduler's prediction was), so a long prompt can be
   watched being spread over steps beside a stream's decodes, and background work told from a
   person's;

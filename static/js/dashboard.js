@@ -273,7 +273,7 @@
     // (a background step's is the cost curve's knee) and what the scheduler predicted it would take.
     if (steps.target_ms) {
       const bound = steps.target_ms[i];
-      target = bound ? " of a " + Math.round(bound) + " ms target (" + Math.round((100 * t) / bound) + " % used)" : "; no target bound it (nobody was reading)";
+      target = bound ? " of a " + Math.round(bound) + " ms target (" + Math.round((100 * t) / bound) + " % used)" : "; no target bound it (a prompt read whole with nobody decoding)";
     }
     if (steps.predicted_ms && steps.predicted_ms[i]) target += ", " + msAxis(steps.predicted_ms[i]) + " predicted";
     const paused = steps.paused && steps.paused[i] ? " · " + count(steps.paused[i], "request") + " paused" : "";

@@ -53,16 +53,15 @@ class Payoff:
     them (4. above): negative, drafting has lately made the box slower."""
 
     ledger: float = 0.0
-    steps: int = 0  # steps that verified drafts, since load
     kept: int = 0  # draft tokens kept in the step being settled (Speculation.came adds them)
     since_probe: int = 0  # allocations since drafts were last allowed while the ledger is negative
 
     def settle(self, undrafted_s: float, actual_s: float, decodes: int, between_s: float) -> None:
-        """A step that verified drafts ran `actual_s`; without them it was predicted to run
-        `undrafted_s`, for `decodes` decoding streams, with `between_s` between two steps."""
+        """A step that verified drafts ran `actual_s` (a draft model's drafting for it
+        included); without them it was predicted to run `undrafted_s`, for `decodes` decoding
+        streams, with `between_s` between two steps."""
         saved = self.kept * (undrafted_s + between_s) / max(1, decodes)
         self.ledger = self.ledger * LEDGER_MEMORY + saved - (actual_s - undrafted_s)
-        self.steps += 1
         self.kept = 0
 
     @property
@@ -177,7 +176,8 @@ class Speculation:
         whose expected saving most exceeds its cost: k kept with chance a each in turn save
         a + ... + a^k one-token steps (`predict(1)` seconds each) for k draft-model decodes
         and k more tokens in the step. A stream it does not pay for is drafted for once every
-        PROBE_EVERY steps, so its acceptance (and the draft model's cost) stays measured."""
+        PROBE_EVERY steps, so its acceptance (and the draft model's cost) stays measured; while
+        drafts have lately not paid (4.), it is asked only then."""
         stream: Stream = request.speculation
         if stream is not None:
             stream.model_draft = []  # one from a step it was not in is stale
@@ -188,6 +188,8 @@ class Speculation:
         if self.mode == "always" or self.model_round_s is None or stream.since_probe >= PROBE_EVERY:
             stream.since_probe = 0
             return room
+        if not self.payoff.paying:  # drafts have lately cost more than they saved (4.)
+            return 0
         one = predict(1)
         a = stream.model_acceptance
         best_k, best = 0, 0.0

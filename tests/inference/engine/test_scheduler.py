@@ -712,3 +712,21 @@ def test_a_prompt_beside_a_stream_on_a_box_too_slow_for_the_target_is_still_read
         assert stream.status == Status.DECODING  # the stream writes on beside it
     # Held to the one-token floor it would take 600 steps; it shares the steps instead.
     assert steps <= 600 // 32 + 2
+
+
+def test_drafts_never_push_a_step_past_the_batch_even_where_a_full_batch_fits_the_target():
+    # A GPU-like box: any step fits the target, so only the batch bounds the drafts.
+    from inference.engine.speculation.policy import Speculation
+
+    d = Driver(min_chunk=1, max_batch=64)
+    d.budget.cost = StepCostModel(overhead=0.001, per_token=0.00001)
+    d.sched.speculation = Speculation("always")
+    text = [5, 6, 7, 8] * 10  # a prompt that repeats itself: every stream has a draft of 4
+    streams = [d.submit(f"s{n}", text, max_tokens=40, cache_key=f"c{n}") for n in range(3)]
+    for request in streams:
+        d.sched.speculation.start(request)
+    while not all(r.status == Status.DECODING for r in streams):
+        d.step()
+    d.submit("long", prompt(58, 9), max_tokens=2)  # 3 decodes + 58: room for 3 drafted tokens
+    plan = d.sched.schedule(d.now + 1)
+    assert plan.draft_tokens == 3 and plan.n_tokens == 64

@@ -215,3 +215,12 @@ def test_the_draft_is_weighed_against_a_plain_step_on_its_own_curve():
     assert given[0] == 0
     assert Speculation().allocate([(stream(0.5), [1] * 8)], lambda n: 0.020, 1, 1,
                                   limit_s=1.0)[0] > 0  # fmt: skip
+
+
+def test_while_drafts_have_not_paid_a_draft_model_that_guesses_well_is_only_probed():
+    spec = Speculation()
+    spec.model_round_s = 0.001
+    spec.payoff.ledger = -0.05  # its drafts lately cost more than they saved, measured
+    request = decoding([5, 6, 7], 0.9)
+    asked = [spec.model_draft_length(request, linear(0.02, 0.0001), 20) for _ in range(64)]
+    assert sum(1 for k in asked if k) == 64 // PROBE_EVERY
