@@ -81,7 +81,7 @@ def test_the_kv_line_says_where_its_size_comes_from(staff, tiny_model, settings)
 
 def test_save_and_reload_applies_load_settings_in_one_click(staff, tiny_model, fake_engine):
     load(staff, tiny_model)
-    assert loaded_config(fake_engine, tiny_model).parallel == 4
+    assert loaded_config(fake_engine, tiny_model).parallel == 8  # the default
     assert 'id="apply-reload"' in detail(staff, tiny_model)
 
     response = staff.post(reverse("model-apply", args=[tiny_model.name]), VALID)
@@ -131,7 +131,7 @@ def test_save_and_reload_never_cuts_an_answer_off_and_can_wait_for_it(staff, tin
     assert "Reload when its answers end" in message
     tiny_model.refresh_from_db()
     assert tiny_model.parallel == 2  # saved all the same
-    assert loaded_config(fake_engine, tiny_model).parallel == 4  # still the running engine
+    assert loaded_config(fake_engine, tiny_model).parallel == 8  # still the running engine
     page = detail(staff, tiny_model)
     assert "Loaded with earlier settings" in page and 'name="wait" value="1"' in page
 

@@ -87,10 +87,10 @@ def test_the_estimate_is_shown_against_free_memory(staff, tiny_model, settings):
     settings.PROMPT_CACHE_RAM = 0  # warm memory off: finished turns keep slots of their own
     page = staff.get(reverse("model-detail", args=[tiny_model.name])).content.decode()
     assert "Estimate for these settings" in page
-    # 256 per sequence x 8 slots: 4 running sequences and 4 that keep finished turns cached
+    # 256 per sequence x 16 slots: 8 running sequences and 8 that keep finished turns cached
     assert (
-        "256 tokens per sequence × 8 sequences (4 answering at once + 4 kept for cached "
-        "conversations) = 2048 tokens, f16"
+        "256 tokens per sequence × 16 sequences (8 answering at once + 8 kept for cached "
+        "conversations) = 4096 tokens, f16"
     ) in page
     assert "Fits in the memory free now" in page
 

@@ -114,12 +114,14 @@ def test_the_snapshot_shows_steps_that_carried_a_prompt_beside_a_decode(make_eng
     assert set(steps) == {"ago", "decode", "prompt", "ms", "seqs",
                           "background", "interactive", "paused", "verify",
                           "output", "image", "encoding", "save_ms",
-                          "restore_ms"}  # fmt: skip
+                          "restore_ms", "target_ms", "predicted_ms"}  # fmt: skip
     assert len({len(column) for column in steps.values()}) == 1
     mixed = [(d, p) for d, p in zip(steps["decode"], steps["prompt"], strict=True) if d and p]
     assert len(mixed) >= 7  # the 120-token prompt went in beside the stream's token
     # An interactive stream: every step that decoded was bound by the ITL target.
     assert steps["interactive"] == [d > 0 for d in steps["decode"]]
+    # ...and says so in its record: the ITL target where a stream decoded, none where not.
+    assert steps["target_ms"] == [500.0 if d else 0.0 for d in steps["decode"]]
     assert set(steps["background"]) == set(steps["paused"]) == set(steps["verify"]) == {0}
     assert all(p + d <= 16 for d, p in mixed)  # never more than the batch
     assert steps["ago"] == sorted(steps["ago"], reverse=True)  # oldest first
