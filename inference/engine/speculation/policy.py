@@ -26,8 +26,9 @@
    a step without drafts and the work between steps) is weighed against what they cost (the
    step's measured time over its predicted time without them), in a ledger that forgets within
    ~10 such steps. While the ledger is negative (drafts lately cost more than they saved, as
-   prose did on a 2-core CPU), "auto" drafts for nobody but once every PROBE_EVERY steps, so
-   the ledger learns when they start paying again; shadow drafts go on learning meanwhile.
+   prose did on a 2-core CPU), "auto" drafts for nobody but once every PROBE_EVERY steps, at
+   most PROBE_DRAFT tokens a stream, so the ledger learns cheaply when they start paying
+   again; shadow drafts go on learning meanwhile.
 """
 
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ SHADOW = 4  # tokens of a shadow draft checked against what comes
 MODEL_DRAFT = 8  # tokens a draft model writes for one stream in one step, at most
 PROBE_EVERY = 16  # a stream the draft model does not pay for is drafted for once in this many steps
 LEDGER_MEMORY = 0.9  # the weight of the payoff's past per step that verified drafts (4.)
+PROBE_DRAFT = 2  # the most a stream drafts in a probe while drafts have not paid (4.)
 
 
 @dataclass(slots=True)
@@ -256,10 +258,14 @@ class Speculation:
             return given
         for request, offered in offers:
             request.speculation.shadow = offered[:SHADOW]
-        if self.mode == "auto" and not self.payoff.paying:
+        probing = self.mode == "auto" and not self.payoff.paying
+        if probing:
             self.payoff.since_probe += 1
             if self.payoff.since_probe < PROBE_EVERY:
                 return given
+            # A probe costs little: a short draft says whether drafting pays again as well as
+            # a long one would, and a failed long one cost the JSON task its margin over off.
+            offers = [(request, offered[:PROBE_DRAFT]) for request, offered in offers]
         self.payoff.since_probe = 0
 
         # expected[n][k]: the tokens stream n expects from a draft of k, a + a^2 + ... + a^k

@@ -5,7 +5,14 @@ from types import SimpleNamespace
 import pytest
 
 from inference.engine.speculation.lookup import TokenHistory
-from inference.engine.speculation.policy import MODEL_DRAFT, PRIOR, PROBE_EVERY, Speculation, Stream
+from inference.engine.speculation.policy import (
+    MODEL_DRAFT,
+    PRIOR,
+    PROBE_DRAFT,
+    PROBE_EVERY,
+    Speculation,
+    Stream,
+)
 
 
 def stream(acceptance: float) -> SimpleNamespace:
@@ -172,6 +179,7 @@ def test_drafts_that_cost_more_than_they_save_stop_within_a_few_steps_and_are_pr
     allowed = [spec.allocate(offers, linear(0.010, 0.0005), 1, 1, limit_s=0.1)[0]
                for _ in range(2 * PROBE_EVERY)]  # fmt: skip
     assert sum(1 for k in allowed if k) == 2  # a probe once in PROBE_EVERY steps, no more
+    assert max(allowed) == PROBE_DRAFT  # and a short one: a failed probe costs little
     assert spec.reading()["paying"] is False
 
 
