@@ -126,6 +126,19 @@ def tokens_within(answers: list[Answer], start: float, end: float) -> float:
     return total
 
 
+def window_figures(answers: list[Answer], started: float, deadline: float) -> dict:
+    """A load's figures over its window: answers that ended in it, output tok/s, TTFT p50 of
+    the first tokens inside it, ITL p99 of the gaps inside it, errors."""
+    done = [a for a in answers if a.complete and a.token_times
+            and a.token_times[-1] <= deadline]  # fmt: skip
+    ttfts = [a.ttft for a in answers if a.first is not None and a.first <= deadline]
+    return {"requests_done": len(done),
+            "output_tps": tokens_within(answers, started, deadline) / (deadline - started),
+            "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
+            "itl_p99_s": p([g for a in answers for g in a.gaps(started, deadline)], 0.99),
+            "errors": sum(a.error is not None for a in answers)}  # fmt: skip
+
+
 def p(values: list[float], q: float) -> float | None:
     """The q-quantile (0..1) by nearest rank; None for no values."""
     if not values:
@@ -218,14 +231,7 @@ async def mixed(target: Target, *, clients: int, duration_s: float, salt: int) -
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    done = [a for a in answers if a.complete and a.token_times
-            and a.token_times[-1] <= deadline]  # fmt: skip
-    ttfts = [a.ttft for a in answers if a.first is not None and a.first <= deadline]
-    return {"requests_done": len(done),
-            "output_tps": tokens_within(answers, started, deadline) / duration_s,
-            "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
-            "itl_p99_s": p([g for a in answers for g in a.gaps(started, deadline)], 0.99),
-            "errors": sum(a.error is not None for a in answers)}  # fmt: skip
+    return window_figures(answers, started, deadline)
 
 
 def _check(answers: list[Answer], what: str) -> None:
@@ -279,14 +285,7 @@ async def clients(target: Target, *, clients: int, duration_s: float, salt: int,
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    done = [a for a in answers if a.complete and a.token_times
-            and a.token_times[-1] <= deadline]  # fmt: skip
-    ttfts = [a.ttft for a in answers if a.first is not None and a.first <= deadline]
-    result = {"requests_done": len(done),
-              "output_tps": tokens_within(answers, started, deadline) / duration_s,
-              "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
-              "itl_p99_s": p([g for a in answers for g in a.gaps(started, deadline)], 0.99),
-              "errors": sum(a.error is not None for a in answers)}  # fmt: skip
+    result = window_figures(answers, started, deadline)
     if persons:
         _check(during, "the person's chats beside the clients")
         result["person_ttft_p50_s"] = statistics.median(a.ttft for a in during)

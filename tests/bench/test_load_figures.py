@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from bench.http_load import Answer, tokens_within
+from bench.http_load import Answer, tokens_within, window_figures
 from bench.servers import Appliance
 from bench.versus_server import frontier_table, summarize_clients
 
@@ -78,3 +78,14 @@ def test_every_appliance_measurement_reads_cold():
         assert os.path.isdir(appliance.data.name)  # the rest of its data stays
     finally:
         appliance.data.cleanup()
+
+
+def test_a_windows_figures_count_what_ended_and_what_came_inside_it():
+    ended = answer([1.0, 1.5, 2.0], 3)  # ended inside the window
+    cut = Answer(0.5, first=9.0, token_times=[9.0, 11.0])  # cut off by its end
+    failed = Answer(0.5, error="HTTP 500")
+    figures = window_figures([ended, cut, failed], 0.0, 10.0)
+    assert figures["requests_done"] == 1 and figures["errors"] == 1
+    assert figures["output_tps"] == pytest.approx((3 + 1) / 10.0)  # the cut one's token inside
+    assert figures["ttft_p50_s"] == pytest.approx((1.0 + 8.5) / 2)
+    assert figures["itl_p99_s"] == pytest.approx(0.5)  # the gap that ended after it is left out
