@@ -323,7 +323,8 @@
     else if (bound.length < n) targetPart += " (of the " + count(bound.length, "step") + " it bound; " + (n - bound.length) + " without an interactive stream)";
     const use = best.m.step_budget;
     if (use) {
-      targetPart += " · the steps used " + Math.round(100 * use.used_p50) + " % of their target (median; " + Math.round(100 * use.used_p90) + " % at p90)" +
+      // Each step's own target: the ITL target where a person read it, a background step's knee where not.
+      targetPart += " · the steps used " + Math.round(100 * use.used_p50) + " % of their own target (median; " + Math.round(100 * use.used_p90) + " % at p90)" +
         (!use.error_p90 ? "" : use.error_p90 > 1 ? ", 9 in 10 ran at most " + Math.round(100 * (use.error_p90 - 1)) + " % over their prediction"
           : ", 9 in 10 ran within their prediction");
     }

@@ -102,7 +102,7 @@ def test_the_dashboard_shows_now_over_the_chosen_window(browser, appliance, arti
     expect(page.locator("#steps-readout")).to_contain_text("ago:")
     # The engine's own record of each step: its target, what was predicted, the budget used.
     expect(page.locator("#steps-readout")).to_contain_text("predicted")
-    expect(summary).to_contain_text(re.compile(r"the steps used \d+ % of their target"))
+    expect(summary).to_contain_text(re.compile(r"the steps used \d+ % of their own target"))
     shot(page, artifacts, "dashboard-steps-prefill.png")
     assert errors == []
     # The writer is stopped in the chat; the prompt's rest is then read at full batch.
