@@ -216,10 +216,14 @@ class StepError:
 
     prior: float = 0.8  # the headroom until ERROR_SAMPLES steps are measured
     ratios: deque = field(default_factory=lambda: deque(maxlen=ERROR_WINDOW))
+    # The headroom as of the last observation: it changes only then, and the budget reads it
+    # many times a step (every limit, fit and room).
+    _headroom: float | None = None
 
     def observe(self, predicted: float, actual: float) -> None:
         if predicted > 0 and actual > 0:
             self.ratios.append(actual / predicted)
+            self._headroom = None
 
     def quantile(self) -> float | None:
         """The ERROR_QUANTILE of actual / predicted; None until enough steps are measured."""
@@ -231,11 +235,11 @@ class StepError:
     @property
     def headroom(self) -> float:
         """The share of its target a step is planned to take."""
-        error = self.quantile()
-        if error is None:
-            return self.prior
-        low, high = HEADROOM
-        return min(high, max(low, 1.0 / error))
+        if self._headroom is None:
+            error = self.quantile()
+            low, high = HEADROOM
+            self._headroom = self.prior if error is None else min(high, max(low, 1.0 / error))
+        return self._headroom
 
 
 class TokenBudget:
@@ -261,6 +265,7 @@ class TokenBudget:
         self.times = StepTimes(linear=cost or StepCostModel())
         self.verify_times = StepTimes()  # steps that verify drafts (9. above)
         self._between: deque[float] = deque(maxlen=BETWEEN_WINDOW)
+        self._between_median = 0.0  # as of the last gap observed (read many times a step)
 
     @property
     def safety(self) -> float:
@@ -270,12 +275,13 @@ class TokenBudget:
     @property
     def between_steps(self) -> float:
         """The median measured time between two runs (6. above); 0 until measured."""
-        return statistics.median(self._between) if self._between else 0.0
+        return self._between_median
 
     def observe_between(self, seconds: float) -> None:
         """The time from one step's run to the next's, while there was work all along."""
         if seconds >= 0:
             self._between.append(seconds)
+            self._between_median = statistics.median(self._between)
 
     def limit(self, interactive: bool) -> float:
         """The seconds a step's run may take: its target less the work between runs, with the
