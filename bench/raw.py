@@ -64,14 +64,17 @@ class RawContext:
     sampler chain per sequence."""
 
     def __init__(self, model: RawModel, *, ctx_per_seq: int, n_seq: int, n_batch: int,
-                 n_ubatch: int, threads: int, flash_attn: bool = True):  # fmt: skip
+                 n_ubatch: int, threads: int, flash_attn: bool = True,
+                 unified: bool = False):  # fmt: skip
         params = ll.llama_context_default_params()
         params.n_ctx = ctx_per_seq * n_seq
         params.n_batch = n_batch
         params.n_ubatch = min(n_ubatch, n_batch)
         params.n_seq_max = n_seq
         params.n_threads = params.n_threads_batch = threads
-        params.kv_unified = False  # as the engine's runner: one KV stream per sequence
+        # As the engine's runner: one KV stream per sequence; `unified` for bench/step_cost.py,
+        # which weighs the runner's choice against llama-server's default (-np auto).
+        params.kv_unified = unified
         params.flash_attn_type = (
             ll.LLAMA_FLASH_ATTN_TYPE_AUTO if flash_attn else ll.LLAMA_FLASH_ATTN_TYPE_DISABLED
         )
@@ -226,10 +229,12 @@ def _model(args: dict, **kwargs) -> RawModel:
                     **kwargs)  # fmt: skip
 
 
-def _context(model: RawModel, cfg: dict, n_seq: int, n_batch: int | None = None) -> RawContext:
+def _context(model: RawModel, cfg: dict, n_seq: int, n_batch: int | None = None,
+             unified: bool = False) -> RawContext:  # fmt: skip
     return RawContext(model, ctx_per_seq=cfg["ctx_per_seq"], n_seq=n_seq,
                       n_batch=n_batch or cfg["n_batch"], n_ubatch=cfg["n_ubatch"],
-                      threads=cfg["n_threads"], flash_attn=cfg["flash_attn"])  # fmt: skip
+                      threads=cfg["n_threads"], flash_attn=cfg["flash_attn"],
+                      unified=unified)  # fmt: skip
 
 
 def side_tokenize(args: dict) -> dict:
@@ -356,3 +361,55 @@ def side_raw_flood(args: dict) -> dict:
     result = continuous_batching(ctx, prompts, args["flood_out"], n_seq)
     ctx.close()
     return result
+
+
+def mixed_step_ms(ctx: RawContext, decoders: list[dict], reader: int, chunk: list[int],
+                  start: int, reps: int) -> float:
+    """The median time of a step that decodes one token for each of `decoders` ({"seq",
+    "pos", "token"}) and reads `chunk` of sequence `reader`'s prompt at `start`, as the
+    runner writes a step (sequence-id order). Every repetition is the same step: what it added
+    to the KV is removed after it, so contexts do not grow between sizes."""
+    times = []
+    for _ in range(reps):
+        entries = [(d["token"], d["pos"], d["seq"], True) for d in decoders]
+        entries += [(t, start + i, reader, False) for i, t in enumerate(chunk)]
+        entries.sort(key=lambda e: e[2])
+        started = time.perf_counter()
+        ctx.decode(entries)
+        for row, d in enumerate(sorted(decoders, key=lambda d: d["seq"])):
+            ctx.sample(d["seq"], row)  # the decoders' ids come before the reader's
+        times.append(time.perf_counter() - started)
+        for d in decoders:
+            ll.llama_memory_seq_rm(ctx.memory, d["seq"], d["pos"], -1)
+        ll.llama_memory_seq_rm(ctx.memory, reader, start, -1)
+    return statistics.median(times)
+
+
+def side_raw_step_cost(args: dict) -> dict:
+    """bench/step_cost.py: what a prompt token costs in a step beside `decoders` decoding
+    sequences, by chunk size, against the same prompt read whole; the KV per sequence
+    (the runner's) or unified (`unified`)."""
+    cfg = args["config"]
+    model = _model(args)
+    tok = model.tokenize
+    n = args["decoders"]
+    ctx = _context(model, cfg, n_seq=n + 1, unified=args["unified"])
+    ctx.warm_up(tok)
+    decoders = []
+    for seq in range(n):
+        prompt = make_tokens(tok, args["context_tokens"], args["salt"] + seq)
+        decoders.append({"seq": seq, "pos": len(prompt), "token": ctx.prefill(seq, prompt)})
+    reader = n  # the sequence whose prompt is read: after the decoders' ids (mixed_step_ms)
+    prompt = make_tokens(tok, args["context_tokens"] + max(args["whole"], *args["chunks"]),
+                         args["salt"] + 99)  # fmt: skip
+    start = args["context_tokens"]
+    ctx.prefill(reader, prompt[:start])  # the prompt so far, read by earlier steps
+    reps = args["reps"]
+    steps = {c: mixed_step_ms(ctx, decoders, reader, prompt[start : start + c], start, reps)
+             for c in (0, *args["chunks"])}  # fmt: skip
+    whole = prompt[start : start + args["whole"]]
+    alone = mixed_step_ms(ctx, [], reader, whole, start, reps)
+    ctx.close()
+    model.close()
+    return {"step_ms": {str(c): s * 1000 for c, s in steps.items()},
+            "whole_ms_per_token": alone * 1000 / len(whole)}

@@ -18,6 +18,7 @@ SIDES = {
     "tokenize": "bench.raw:side_tokenize",
     "raw_basic": "bench.raw:side_raw_basic",
     "raw_frontier": "bench.raw:side_raw_frontier",
+    "raw_step_cost": "bench.raw:side_raw_step_cost",
     "engine_basic": "bench.engine_side:side_engine_basic",
     "engine_stall": "bench.engine_side:side_engine_stall",
     "engine_prefix": "bench.engine_side:side_engine_prefix",
