@@ -114,8 +114,10 @@
       view.body.textContent = message.content; // the user's own words, shown as typed
       return;
     }
-    window.Markdown.renderInto(view.body, message.content);
     const live = message.state === "streaming";
+    // While it streams, what the pacer has let through (streamed below); then all of it.
+    const shown = live && view.shown !== undefined ? message.content.slice(0, view.shown) : message.content;
+    window.Markdown.renderInto(view.body, shown);
     view.body.querySelectorAll("pre").forEach((pre) => {
       const code = pre.querySelector("code");
       // Highlighting a growing block on every token would cost more than it shows.
@@ -138,6 +140,44 @@
       renderBody(view);
       followStream();
     });
+  }
+
+  /* Streamed text reaches the reader through a pacer (chat_pacer.js): what arrived in a burst,
+     or before a longer step, flows out over about the usual gap between tokens. `view.shown`
+     counts the characters of the answer on show; undefined: all of them. */
+  function streamed(view, text) {
+    const now = performance.now();
+    if (view.shown === undefined) {
+      view.shown = view.message.content.length; // all that came before is on show already
+      view.pacer = window.ChatPacer.create();
+    }
+    view.message.content += text;
+    view.pacer.arrived(now, view.message.content.length - view.shown);
+    if (!view.pacing) {
+      view.pacing = true;
+      requestAnimationFrame((t) => pace(view, t));
+    }
+  }
+
+  function pace(view, t) {
+    view.pacing = false;
+    if (view.shown === undefined) return; // the answer ended or was replaced meanwhile
+    const content = view.message.content;
+    const count = view.pacer.reveal(t, content.length - view.shown);
+    if (count > 0) {
+      view.shown = Math.min(content.length, window.ChatPacer.cut(content, view.shown + count));
+      renderBody(view);
+      followStream();
+    }
+    if (view.shown < content.length) {
+      view.pacing = true;
+      requestAnimationFrame((next) => pace(view, next));
+    }
+  }
+
+  function showAll(view) {
+    view.shown = undefined; // from now on the whole text: a snapshot, the end, an error
+    view.pacer = null;
   }
 
   // --- copy --------------------------------------------------------------------------------------
@@ -588,8 +628,7 @@
       case "token":
         if (streaming) {
           if (statusFrame && statusFrame.phase !== "decoding") showEngineStatus({ type: "phase", phase: "decoding" });
-          streaming.message.content += frame.text;
-          queueRender(streaming);
+          streamed(streaming, frame.text);
         }
         return;
       case "done": return onDone(frame);
@@ -649,6 +688,7 @@
 
   function onSnapshot(frame) {
     if (!streaming || String(streaming.message.id) !== String(frame.message_id)) return;
+    showAll(streaming);
     streaming.message.content = frame.text;
     if (frame.thinking !== undefined) streaming.message.thinking = frame.thinking || "";
     renderBody(streaming);
@@ -681,6 +721,7 @@
   }
 
   function applyFinal(frame, state) {
+    showAll(streaming);
     const m = streaming.message;
     m.state = state;
     m.error = frame.error || frame.message || "";
