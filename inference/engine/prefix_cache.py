@@ -130,13 +130,15 @@ class PrefixCache:
             return shared
 
         def preference(slot: Slot) -> tuple:
+            shared = shared_with(slot)
             same_conversation = cache_key is not None and slot.cache_key == cache_key and (
                 slot.partition == partition)  # fmt: skip
-            # The most prompt tokens it saves, less what a gap in the busy ids costs (RUN_PRICE
-            # a run), then the same conversation, then an empty slot, then the least recently
-            # used one (the cheapest to give up).
-            worth = shared_with(slot) - RUN_PRICE * self.added_runs(slot)
-            return (worth, same_conversation, not slot.tokens, -slot.last_used)
+            # The conversation's own history first, however short (its next turn's first
+            # token is what a person waits for); then the most prompt tokens a slot saves, less
+            # what a gap in the busy ids costs (RUN_PRICE a run); then an empty slot, then the
+            # least recently used one (the cheapest to give up).
+            worth = shared - RUN_PRICE * self.added_runs(slot)
+            return (same_conversation and shared > 0, worth, not slot.tokens, -slot.last_used)
 
         best = max(idle, key=preference)
         return best, min(shared_with(best), len(prompt_ids) - 1)

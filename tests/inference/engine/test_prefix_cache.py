@@ -67,6 +67,15 @@ def test_a_conversation_still_comes_back_to_its_own_history_across_a_gap():
     assert (slot.seq_id, reused) == (4, len(HISTORY))
 
 
+def test_a_short_history_of_its_own_still_outweighs_a_gap():
+    short = list(range(1, 31))  # a first turn of 30 tokens, less than a run's price
+    cache = PrefixCache(n_slots=5)
+    keeps_turn(cache, 4, short, "conv-a")
+    busy_at(cache, 0, 1, 3)
+    slot, reused = cache.choose(short + [500, 501], "conv-a", "apikey:1")
+    assert (slot.seq_id, reused) == (4, len(short))
+
+
 def test_a_few_shared_template_tokens_do_not_outweigh_a_gap():
     template = list(range(1, 21))  # a chat template's first tokens, which every prompt shares
     cache = PrefixCache(n_slots=5)
