@@ -3,9 +3,9 @@
 The context holds `n_slots` sequence ids. A slot is busy (a running request owns it), cached (it
 holds the KV of a finished turn, tagged with its tokens and conversation), or empty. A new request
 takes the idle slot whose tokens share the longest prefix with its prompt, so the next turn of a
-conversation only prefills what is new; where that saves little, the slot that keeps the busy
-sequence ids together (`added_runs`: each run of them is a graph pass of its own in every step);
-cached slots are evicted least-recently-used. A slot's
+conversation only prefills what is new; where no slot holds the conversation and another saves
+little, the slot that keeps the busy sequence ids together (`added_runs`: each run of them is a
+graph pass of its own in every step); cached slots are evicted least-recently-used. A slot's
 KV is reused only within its partition (an app's key, a user): another partition's slot is
 unrelated to the prompt, whatever it holds, so neither its text nor its length can be learnt.
 
@@ -119,20 +119,21 @@ class PrefixCache:
         if not idle:
             raise RuntimeError("no idle slot")
 
-        def shared_with(slot: Slot) -> int:
+        def reuse(slot: Slot) -> tuple[int, bool]:
+            """(the prompt tokens it holds that count, whether it holds this conversation)."""
             ours = slot.partition == partition or not slot.tokens
             shared = common_prefix(slot.tokens, prompt_ids) if self.enabled and ours else 0
             same_conversation = ours and cache_key is not None and slot.cache_key == cache_key
             if not same_conversation and shared < MIN_REUSE_FRACTION * len(slot.tokens):
                 # A BOS token or a common system prompt is not worth another conversation's
                 # cache: such a slot counts as unrelated (empty or least recently used wins).
-                return 0
-            return shared
+                shared = 0
+            return shared, same_conversation
+
+        reuses = {slot.seq_id: reuse(slot) for slot in idle}
 
         def preference(slot: Slot) -> tuple:
-            shared = shared_with(slot)
-            same_conversation = cache_key is not None and slot.cache_key == cache_key and (
-                slot.partition == partition)  # fmt: skip
+            shared, same_conversation = reuses[slot.seq_id]
             # The conversation's own history first, however short (its next turn's first
             # token is what a person waits for); then the most prompt tokens a slot saves, less
             # what a gap in the busy ids costs (RUN_PRICE a run); then an empty slot, then the
@@ -141,7 +142,7 @@ class PrefixCache:
             return (same_conversation and shared > 0, worth, not slot.tokens, -slot.last_used)
 
         best = max(idle, key=preference)
-        return best, min(shared_with(best), len(prompt_ids) - 1)
+        return best, min(reuses[best.seq_id][0], len(prompt_ids) - 1)
 
     def choose_empty(self) -> Slot:
         """The idle slot to restore a kept prefix into: the one that keeps the busy sequence
